@@ -1,0 +1,65 @@
+# leasebox: every target installs what it needs into .venv first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The second PostgreSQL major version the database tests run against, when reachable.
+SECOND_PG_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
+PYTEST_ARGS ?=
+
+.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install leasebox with its development tools
+
+tools: ## install system tools the tests use (promtool) when missing and running as root
+	@if ! command -v promtool >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing promtool (Debian package prometheus)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
+	  else echo "promtool is missing: install the prometheus package" >&2; fi; \
+	fi
+
+demo: install ## run the whole flow on an embedded PostgreSQL and print what held
+	$(BIN)/leasebox demo
+
+lint: install ## ruff, mypy --strict and the import layers
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+format: install ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: install tools lint ## lint, then every test on embedded PostgreSQL 18, then the database tests on a second version
+	$(BIN)/pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-second-pg
+
+test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it answers (CI requires it)
+	@if $(BIN)/python -c "import psycopg,sys; psycopg.connect(sys.argv[1], connect_timeout=3).close()" '$(SECOND_PG_DSN)' 2>/dev/null; then \
+	  echo "database tests on $$($(BIN)/python -c "import psycopg,sys; print(psycopg.connect(sys.argv[1]).info.parameter_status('server_version'))" '$(SECOND_PG_DSN)')"; \
+	  LEASEBOX_TEST_DSN='$(SECOND_PG_DSN)' $(BIN)/pytest -m db $(PYTEST_ARGS); \
+	elif [ -n "$$CI" ]; then echo "second PostgreSQL at $(SECOND_PG_DSN) is not reachable" >&2; exit 1; \
+	else echo "skipping the second PostgreSQL version: $(SECOND_PG_DSN) does not answer"; fi
+
+crds: install ## regenerate crds/ and the chart's copy from the pydantic models
+	$(BIN)/leasebox crd > crds/outboxworkerpools.leasebox.dev.yaml
+	cp crds/outboxworkerpools.leasebox.dev.yaml charts/leasebox/files/crds/
+
+bench: install ## benchmarks side by side with the peers (writes bench/results.json)
+	$(BIN)/python -m bench.run
+
+clean: ## remove build output and the virtual environment
+	rm -rf build dist $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The leasebox operator: reconciles OutboxWorkerPool resources with kopf."""

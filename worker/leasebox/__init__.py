@@ -1,0 +1,34 @@
+"""leasebox: a transactional outbox for OTP and verification emails on PostgreSQL.
+
+Producers call `enqueue` inside their own transaction; workers (`leasebox worker`) deliver
+with leases; the operator (`leasebox operator`) scales workers to an SLA.
+"""
+
+from leasebox.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    LeaseboxError,
+    NotMigrated,
+    PayloadKeyError,
+    RateLimited,
+)
+from leasebox.messages import OutboxMessage, Receipt
+from leasebox.producing import AbuseGuard, enqueue, enqueue_async
+from leasebox.version import __version__
+
+__all__ = [
+    "AbuseGuard",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "IdempotencyConflict",
+    "LeaseboxError",
+    "NotMigrated",
+    "OutboxMessage",
+    "PayloadKeyError",
+    "RateLimited",
+    "Receipt",
+    "__version__",
+    "enqueue",
+    "enqueue_async",
+]

@@ -1,0 +1,1 @@
+"""Subcommands of `leasebox`; each module exposes `register(subparsers)`."""

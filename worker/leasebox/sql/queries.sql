@@ -1,0 +1,290 @@
+-- Named queries, loaded by name (`-- name: <name>` starts a query).
+-- `{schema}` is the configured schema, quoted as an identifier; `%(x)s` are bound parameters.
+-- `coalesce(%(now)s::timestamptz, now())` lets tests inject the clock; production passes NULL
+-- so that every worker shares the database's clock.
+
+-- name: find_receipt
+SELECT r.request_hash, r.outbox_id, r.expires_at <= now() AS expired, o.delivery_key
+FROM {schema}.receipts AS r
+LEFT JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s;
+
+-- name: lock_key
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: count_recipient_window
+SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
+FROM {schema}.outbox
+WHERE recipient = %(recipient)s
+  AND created_at > now() - make_interval(secs => %(window_seconds)s);
+
+-- name: count_scope_window
+SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
+FROM {schema}.receipts
+WHERE scope = %(scope)s
+  AND created_at > now() - make_interval(secs => %(window_seconds)s);
+
+-- name: insert_outbox
+INSERT INTO {schema}.outbox
+    (kind, aggregate_id, recipient, template, data, secrets, delivery_key, max_attempts,
+     available_at, expires_at)
+VALUES
+    (%(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s, %(data)s, %(secrets)s,
+     %(delivery_key)s, %(max_attempts)s, coalesce(%(available_at)s::timestamptz, now()),
+     %(expires_at)s)
+ON CONFLICT (delivery_key) DO NOTHING
+RETURNING id;
+
+-- name: find_by_delivery_key
+SELECT id FROM {schema}.outbox WHERE delivery_key = %(delivery_key)s;
+
+-- name: upsert_receipt
+INSERT INTO {schema}.receipts (scope, idempotency_key, request_hash, outbox_id, expires_at)
+VALUES (%(scope)s, %(idempotency_key)s, %(request_hash)s, %(outbox_id)s,
+        now() + make_interval(secs => %(ttl_seconds)s))
+ON CONFLICT (scope, idempotency_key) DO UPDATE
+SET request_hash = excluded.request_hash,
+    outbox_id = excluded.outbox_id,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at
+WHERE {schema}.receipts.expires_at <= now();
+
+-- name: get_message
+SELECT id, kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
+       max_attempts, available_at, expires_at, leased_by, sent_at, provider_message_id,
+       last_error, last_error_class, dead_reason, created_at, updated_at
+FROM {schema}.outbox
+WHERE id = %(id)s;
+
+-- name: backlog
+SELECT
+    k.kind,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind) AS pending,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind
+        AND o.available_at <= now()) AS ready,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'processing' AND o.kind = k.kind) AS processing,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'processing' AND o.kind = k.kind
+        AND o.lease_expires_at < now()) AS expired_leases,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'dead' AND o.kind = k.kind) AS dead,
+    (SELECT min(o.created_at) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind) AS oldest_pending_created_at,
+    (SELECT min(o.available_at) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind
+        AND o.available_at <= now()) AS oldest_ready_available_at,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'sent' AND o.kind = k.kind
+        AND o.sent_at > now() - make_interval(secs => %(window_seconds)s)) AS sent_in_window,
+    now() AS observed_at
+FROM unnest(%(kinds)s::text[]) AS k(kind)
+ORDER BY k.kind;
+
+-- name: known_kinds
+SELECT DISTINCT kind FROM {schema}.outbox WHERE status IN ('pending', 'processing', 'dead')
+ORDER BY kind;
+
+-- name: claim
+WITH candidates AS (
+    SELECT c.id
+    FROM unnest(%(kinds)s::text[]) AS k(kind)
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.available_at
+        FROM {schema}.outbox AS o
+        WHERE o.kind = k.kind
+          AND o.status = 'pending'
+          AND o.available_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY o.available_at, o.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.available_at, c.id
+    LIMIT %(limit)s
+)
+UPDATE {schema}.outbox AS o
+SET status = 'processing',
+    lease_token = gen_random_uuid(),
+    lease_expires_at = coalesce(%(now)s::timestamptz, now())
+        + make_interval(secs => %(lease_seconds)s),
+    leased_by = %(worker_id)s,
+    attempts = o.attempts + 1,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM candidates
+WHERE o.id = candidates.id
+RETURNING o.id, o.kind, o.aggregate_id, o.recipient, o.template, o.data, o.secrets,
+          o.delivery_key, o.attempts, o.max_attempts, o.expires_at, o.lease_token,
+          o.lease_expires_at, o.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at;
+
+-- name: mark_sent
+UPDATE {schema}.outbox AS o
+SET status = 'sent',
+    sent_at = coalesce(%(now)s::timestamptz, now()),
+    provider_message_id = d.provider_message_id,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    last_error = NULL,
+    last_error_class = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(provider_message_ids)s::text[])
+    AS d(id, token, provider_message_id)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id, o.sent_at - o.created_at AS latency;
+
+-- name: schedule_retry
+UPDATE {schema}.outbox AS o
+SET status = 'pending',
+    available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => d.delay),
+    last_error = d.error,
+    last_error_class = d.error_class,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[], %(errors)s::text[],
+            %(error_classes)s::text[])
+    AS d(id, token, delay, error, error_class)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id;
+
+-- name: mark_dead
+UPDATE {schema}.outbox AS o
+SET status = 'dead',
+    dead_reason = d.reason,
+    last_error = d.error,
+    last_error_class = d.error_class,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(reasons)s::text[], %(errors)s::text[],
+            %(error_classes)s::text[])
+    AS d(id, token, reason, error, error_class)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id;
+
+-- name: extend_leases
+UPDATE {schema}.outbox AS o
+SET lease_expires_at = coalesce(%(now)s::timestamptz, now())
+        + make_interval(secs => %(lease_seconds)s),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id, o.lease_expires_at;
+
+-- name: release_leases
+UPDATE {schema}.outbox AS o
+SET status = 'pending',
+    available_at = coalesce(%(now)s::timestamptz, now()),
+    attempts = greatest(o.attempts - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id;
+
+-- name: reclaim_expired_leases
+WITH expired AS (
+    SELECT id
+    FROM {schema}.outbox
+    WHERE status = 'processing'
+      AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
+    dead_reason = CASE WHEN o.attempts >= o.max_attempts THEN 'attempts_exhausted' END,
+    available_at = coalesce(%(now)s::timestamptz, now()),
+    last_error = 'lease expired while held by ' || coalesce(o.leased_by, 'unknown worker'),
+    last_error_class = 'lease_expired',
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM expired
+WHERE o.id = expired.id
+RETURNING o.id, o.kind, o.status;
+
+-- name: dead_letter_expired
+WITH expired AS (
+    SELECT id
+    FROM {schema}.outbox
+    WHERE status = 'pending'
+      AND expires_at IS NOT NULL
+      AND expires_at < coalesce(%(now)s::timestamptz, now())
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET status = 'dead',
+    dead_reason = 'expired',
+    last_error = 'expired before it could be sent',
+    last_error_class = 'expired',
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM expired
+WHERE o.id = expired.id
+RETURNING o.id, o.kind;
+
+-- name: list_dead_letters
+SELECT id, kind, aggregate_id, delivery_key, attempts, max_attempts, dead_reason,
+       last_error_class, last_error, created_at, updated_at
+FROM {schema}.outbox
+WHERE status = 'dead'
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(reason)s::text IS NULL OR dead_reason = %(reason)s::text)
+  AND (%(older_than_seconds)s::float8 IS NULL
+       OR updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+ORDER BY updated_at, id
+LIMIT %(limit)s;
+
+-- name: requeue_dead_letters
+UPDATE {schema}.outbox AS o
+SET status = 'pending',
+    attempts = 0,
+    available_at = now(),
+    dead_reason = NULL,
+    expires_at = CASE WHEN %(clear_expiry)s THEN NULL ELSE o.expires_at END,
+    updated_at = now()
+WHERE o.status = 'dead'
+  AND (%(kinds)s::text[] IS NULL OR o.kind = ANY(%(kinds)s::text[]))
+  AND (%(reason)s::text IS NULL OR o.dead_reason = %(reason)s::text)
+  AND (%(older_than_seconds)s::float8 IS NULL
+       OR o.updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+  AND (%(ids)s::bigint[] IS NULL OR o.id = ANY(%(ids)s::bigint[]))
+RETURNING o.id;
+
+-- name: purge_dead_letters
+WITH doomed AS (
+    SELECT id FROM {schema}.outbox
+    WHERE status = 'dead'
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(reason)s::text IS NULL OR dead_reason = %(reason)s::text)
+      AND (%(older_than_seconds)s::float8 IS NULL
+           OR updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
+RETURNING o.id;
+
+-- name: prune_sent
+WITH doomed AS (
+    SELECT id FROM {schema}.outbox
+    WHERE status = 'sent' AND sent_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY sent_at
+    LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id;
+
+-- name: prune_receipts
+WITH doomed AS (
+    SELECT scope, idempotency_key FROM {schema}.receipts
+    WHERE expires_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY expires_at
+    LIMIT %(limit)s
+)
+DELETE FROM {schema}.receipts AS r USING doomed
+WHERE r.scope = doomed.scope AND r.idempotency_key = doomed.idempotency_key;
