@@ -67,13 +67,17 @@ class Backlog:
 
     @property
     def oldest_pending_created_at(self) -> datetime | None:
-        return min((k.oldest_pending_created_at for k in self.kinds
-                    if k.oldest_pending_created_at), default=None)
+        return min(
+            (k.oldest_pending_created_at for k in self.kinds if k.oldest_pending_created_at),
+            default=None,
+        )
 
     @property
     def oldest_ready_available_at(self) -> datetime | None:
-        return min((k.oldest_ready_available_at for k in self.kinds
-                    if k.oldest_ready_available_at), default=None)
+        return min(
+            (k.oldest_ready_available_at for k in self.kinds if k.oldest_ready_available_at),
+            default=None,
+        )
 
     @property
     def oldest_pending_age_seconds(self) -> float:

@@ -49,7 +49,7 @@ def _open_up(path: Path, recursive_mode: int | None = None) -> None:
         parent.chmod(parent.stat().st_mode | 0o055)
     if recursive_mode is None:
         return
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         Path(root).chmod(Path(root).stat().st_mode | 0o055)
         for name in files:
             file = Path(root) / name
@@ -118,18 +118,36 @@ class EmbeddedPostgres:
         if (self.data_dir / "PG_VERSION").exists():
             return
         self._run(
-            "initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
-            "--encoding=UTF8", "--no-sync", "--locale=C",
+            "initdb",
+            "-D",
+            str(self.data_dir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-sync",
+            "--locale=C",
         )
 
     def start(self) -> str:
         """Start (initialising first if needed); return the DSN."""
         self.initialise()
-        options = " ".join(f"-c {k}={v!r}" if v == "" else f"-c {k}={v}"
-                           for k, v in {**FAST_SETTINGS, "port": str(self.port)}.items())
+        options = " ".join(
+            f"-c {k}={v!r}" if v == "" else f"-c {k}={v}"
+            for k, v in {**FAST_SETTINGS, "port": str(self.port)}.items()
+        )
         self._run(
-            "pg_ctl", "-D", str(self.data_dir), "-l", str(self.data_dir / "server.log"),
-            "-o", options, "-w", "-t", "60", "start",
+            "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-l",
+            str(self.data_dir / "server.log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
         )
         return self.dsn
 
@@ -154,7 +172,9 @@ class EmbeddedPostgres:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()

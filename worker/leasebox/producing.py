@@ -89,9 +89,9 @@ def _plan(
     if guard is not None:
         yield from _check_guard(guard, message.recipient.lower(), scope_name, idempotency_key)
 
-    delivery_key = message.delivery_key or _derive_delivery_key(
-        message.kind, scope_name, idempotency_key
-    )
+    # The key is stored with the row, so every worker retry reuses it; a retried API request
+    # reuses it through the receipt. It never contains the recipient or a secret.
+    delivery_key = message.delivery_key or f"{message.kind}:{uuid.uuid4().hex}"
     inserted = yield _Step(
         "insert_outbox",
         {
@@ -139,8 +139,12 @@ def _check_guard(
     checks: list[tuple[str, int, str, dict[str, Any]]] = []
     if guard.per_recipient is not None:
         checks.append(
-            ("per-recipient", guard.per_recipient, "count_recipient_window",
-             {"recipient": recipient})
+            (
+                "per-recipient",
+                guard.per_recipient,
+                "count_recipient_window",
+                {"recipient": recipient},
+            )
         )
     if guard.per_scope is not None and idempotency_key is not None:
         checks.append(("per-scope", guard.per_scope, "count_scope_window", {"scope": scope}))
@@ -153,14 +157,6 @@ def _check_guard(
         if count >= limit:
             retry_after = guard.window_seconds - (now - oldest).total_seconds()
             raise RateLimited(label, limit, guard.window_seconds, max(retry_after, 0.0))
-
-
-def _derive_delivery_key(kind: str, scope: str, idempotency_key: str | None) -> str:
-    # Derived from the receipt so the key is stable across retries of the same request;
-    # a uuid otherwise. Never contains the recipient or any secret.
-    if idempotency_key is None:
-        return f"{kind}:{uuid.uuid4().hex}"
-    return f"{kind}:{uuid.uuid5(uuid.NAMESPACE_URL, f'{scope}/{idempotency_key}').hex}"
 
 
 def enqueue(
@@ -182,7 +178,12 @@ def enqueue(
     `request_hash` overrides the default fingerprint (e.g. a hash of the HTTP body).
     """
     plan = _plan(
-        message, idempotency_key, scope, request_hash, guard, receipt_ttl_seconds,
+        message,
+        idempotency_key,
+        scope,
+        request_hash,
+        guard,
+        receipt_ttl_seconds,
         cipher or default_cipher(),
     )
     with conn.cursor() as cur:
@@ -210,7 +211,12 @@ async def enqueue_async(
 ) -> Receipt:
     """`enqueue` for an async connection; the same semantics."""
     plan = _plan(
-        message, idempotency_key, scope, request_hash, guard, receipt_ttl_seconds,
+        message,
+        idempotency_key,
+        scope,
+        request_hash,
+        guard,
+        receipt_ttl_seconds,
         cipher or default_cipher(),
     )
     async with conn.cursor() as cur:

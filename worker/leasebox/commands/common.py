@@ -29,9 +29,9 @@ def _schema(value: str) -> str:
 
 def kinds_list(value: str) -> list[str]:
     """Parse `otp,verification` into a validated list."""
-    from leasebox.messages import KIND_PATTERN
-
     import re
+
+    from leasebox.messages import KIND_PATTERN
 
     kinds = [k.strip() for k in value.split(",") if k.strip()]
     bad = [k for k in kinds if not re.fullmatch(KIND_PATTERN, k)]

@@ -34,7 +34,10 @@ def register(subparsers: Any) -> None:
         "--data", default="{}", help="template variables as a JSON object (default: {})"
     )
     enqueue.add_argument(
-        "--secret", action="append", default=[], metavar="NAME=VALUE",
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="a sensitive template variable, stored encrypted when keys are set (repeatable)",
     )
     enqueue.add_argument("--idempotency-key", help="makes a retried request the same send")
@@ -163,16 +166,30 @@ def run_status(args: argparse.Namespace) -> int:
             payload["kinds"][kind.kind] = single.as_dict()
         print(json.dumps(payload, indent=2))
         return 0
-    header = ("KIND", "PENDING", "READY", "PROCESSING", "DEAD", "EXPIRED LEASES",
-              "OLDEST PENDING", "SENT/S")
-    rows = []
-    for kind in (*backlog.kinds, None):
-        view = backlog if kind is None else type(backlog)((kind,), backlog.observed_at)
-        rows.append((
-            "(total)" if kind is None else kind.kind, str(view.pending), str(view.ready),
-            str(view.processing), str(view.dead), str(view.expired_leases),
-            f"{view.oldest_pending_age_seconds:.1f}s", f"{view.sent_per_second:.2f}",
-        ))
+    header = (
+        "KIND",
+        "PENDING",
+        "READY",
+        "PROCESSING",
+        "DEAD",
+        "EXPIRED LEASES",
+        "OLDEST PENDING",
+        "SENT/S",
+    )
+    views = [(k.kind, type(backlog)((k,), backlog.observed_at)) for k in backlog.kinds]
+    rows = [
+        (
+            name,
+            str(view.pending),
+            str(view.ready),
+            str(view.processing),
+            str(view.dead),
+            str(view.expired_leases),
+            f"{view.oldest_pending_age_seconds:.1f}s",
+            f"{view.sent_per_second:.2f}",
+        )
+        for name, view in [*views, ("(total)", backlog)]
+    ]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
