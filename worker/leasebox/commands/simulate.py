@@ -17,8 +17,7 @@ def register(subparsers: Any) -> None:
         description="Run `leasebox simulate --help` for the simulation's options.",
         add_help=False,
     )
-    parser.add_argument("arguments", nargs=argparse.REMAINDER)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, passthrough=True)
 
 
 def run(args: argparse.Namespace) -> int:
