@@ -19,6 +19,8 @@ from psycopg import conninfo, sql
 
 from leasebox.migrations import migrate
 
+pytest_plugins = ["kube_emulator"]
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 TEMPLATE_DB = f"leasebox_template_{os.getpid()}"

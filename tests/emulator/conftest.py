@@ -1,0 +1,19 @@
+"""Fixtures for the emulated API server's own tests: the server and an HTTP client for it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from kube_emulator import KubeEmulator, kube_emulator
+
+__all__ = ["http", "kube_emulator"]
+
+
+@pytest.fixture
+async def http(kube_emulator: KubeEmulator) -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain HTTP client pointed at the emulated API server."""
+    async with aiohttp.ClientSession(base_url=kube_emulator.url) as session:
+        yield session
