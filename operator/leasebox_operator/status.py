@@ -1,0 +1,85 @@
+"""Writing a pool's status: one writer per pool, patches only what changed.
+
+The reconcile handler and the poll loop both report into the same status, and a JSON
+merge patch replaces a list whole, so two writers patching `conditions` from their own
+copies would undo each other. Each pool therefore has one `StatusWriter` (kept in the
+pool's kopf memo) that holds the conditions as last written, applies updates under a
+lock and sends a patch only when a field or a condition actually changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from leasebox.backlog import Backlog
+from leasebox_operator.conditions import ConditionUpdate, apply, transitions
+
+PatchStatus = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def backlog_status(backlog: Backlog) -> dict[str, Any]:
+    """The status `backlog` block; ages rounded so an idle pool does not churn."""
+    return {
+        "pending": backlog.pending,
+        "ready": backlog.ready,
+        "processing": backlog.processing,
+        "dead": backlog.dead,
+        "expiredLeases": backlog.expired_leases,
+        "oldestPendingAgeSeconds": round(backlog.oldest_pending_age_seconds, 1),
+        "oldestReadyAgeSeconds": round(backlog.oldest_ready_age_seconds, 1),
+    }
+
+
+def rates_status(arrival_per_second: float, sent_per_second: float) -> dict[str, Any]:
+    return {
+        "arrivalPerSecond": round(arrival_per_second, 2),
+        "sentPerSecond": round(sent_per_second, 2),
+    }
+
+
+class StatusWriter:
+    """The single writer of one pool's status."""
+
+    def __init__(
+        self,
+        patch: PatchStatus,
+        initial: Mapping[str, Any] | None = None,
+        *,
+        wallclock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        initial = dict(initial or {})
+        self._patch = patch
+        self._wallclock = wallclock
+        self._lock = asyncio.Lock()
+        self.conditions: list[dict[str, Any]] = [dict(c) for c in initial.pop("conditions", [])]
+        self.fields: dict[str, Any] = initial
+
+    def rebind(self, patch: PatchStatus) -> None:
+        """Send later patches through `patch` (a handler's fresh API context)."""
+        self._patch = patch
+
+    async def write(
+        self,
+        fields: Mapping[str, Any] | None = None,
+        updates: Iterable[ConditionUpdate] = (),
+        *,
+        generation: int | None = None,
+    ) -> list[tuple[str, str | None, str]]:
+        """Patch the changed fields and conditions; return the condition transitions."""
+        async with self._lock:
+            conditions = apply(
+                self.conditions, updates, generation=generation, now=self._wallclock()
+            )
+            patch = {k: v for k, v in (fields or {}).items() if self.fields.get(k) != v}
+            if conditions != self.conditions:
+                patch["conditions"] = conditions
+            if not patch:
+                return []
+            await self._patch(patch)
+            changed = transitions(self.conditions, conditions)
+            self.conditions = conditions
+            self.fields.update({k: v for k, v in patch.items() if k != "conditions"})
+            return changed

@@ -1,0 +1,153 @@
+"""The CRD stays generated from the models, structural and valid; examples validate.
+
+`crds/` is checked in, so a model change without regenerating it fails here. Examples are
+checked the way an API server with strict field validation would: against the CRD's
+schema (unknown fields refused) and against the cross-field rules, which the models
+evaluate with the same predicates the CRD carries as CEL.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from leasebox_operator.crd import crd_yaml, custom_resource_definition, openapi_schema
+from leasebox_operator.models import PoolSpec, cel_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "outboxworkerpools.leasebox.dev.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+BAD_EXAMPLES = sorted((Path(__file__).parent / "bad-examples").glob("*.yaml"))
+
+
+def _nodes(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema node with its path."""
+    if not isinstance(node, dict):
+        return
+    yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from _nodes(child, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from _nodes(node[key], f"{path}[{key}]")
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with unknown fields refused (kubectl's strict field validation)."""
+    schema = copy.deepcopy(schema)
+    for _, node in _nodes(schema):
+        if "properties" in node and node is not schema["properties"].get("metadata"):
+            node.setdefault("additionalProperties", False)
+    return schema
+
+
+def _validator() -> jsonschema.Draft4Validator:
+    # OpenAPI 3.0's boolean exclusiveMinimum is draft 4's; x-kubernetes-* keys are ignored.
+    return jsonschema.Draft4Validator(_strict(openapi_schema()))
+
+
+def _load(path: Path) -> dict[str, Any]:
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(loaded, dict), f"{path.name} holds no object"
+    return loaded
+
+
+def test_checked_in_crd_is_exactly_what_the_models_generate() -> None:
+    assert CRD_FILE.read_text(encoding="utf-8") == crd_yaml(), (
+        "crds/ is stale: run `leasebox crd > crds/outboxworkerpools.leasebox.dev.yaml`"
+    )
+
+
+def test_crd_names_scope_and_status_subresource() -> None:
+    crd = custom_resource_definition()
+    assert crd["metadata"]["name"] == "outboxworkerpools.leasebox.dev"
+    spec = crd["spec"]
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["kind"] == "OutboxWorkerPool"
+    assert spec["names"]["shortNames"] == ["owp"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Kinds", "Replicas", "Desired", "Pending", "Oldest", "Dead", "SLA",
+                       "Ready", "Age"]  # fmt: skip
+
+
+def test_crd_schema_is_structural() -> None:
+    text = yaml.safe_dump(openapi_schema())
+    assert "$ref" not in text
+    assert "$defs" not in text
+    assert "title:" not in text
+    for path, node in _nodes(openapi_schema()):
+        typed = "type" in node or node.get("x-kubernetes-int-or-string") is True
+        assert typed, f"schema node {path or '<root>'} has no type"
+        assert node.get("additionalProperties") is not False, f"{path}: additionalProperties"
+        assert "uniqueItems" not in node, f"{path}: uniqueItems is not allowed"
+        assert not isinstance(node.get("exclusiveMinimum"), int | float) or isinstance(
+            node.get("exclusiveMinimum"), bool
+        ), f"{path}: exclusiveMinimum must be boolean in OpenAPI v3.0"
+        if "anyOf" in node:
+            assert node.get("x-kubernetes-int-or-string") is True, f"{path}: untyped anyOf"
+
+
+def test_every_cel_rule_of_the_models_is_in_the_crd() -> None:
+    spec = openapi_schema()["properties"]["spec"]["properties"]
+    sections = {"ScalingSpec": spec["scaling"], "WorkerSpec": spec["worker"]}
+    rules = cel_rules()
+    assert "self.minReplicas <= self.maxReplicas" in [r.rule for r in rules["ScalingSpec"]]
+    for model, model_rules in rules.items():
+        carried = sections[model]["x-kubernetes-validations"]
+        assert carried == [r.as_validation() for r in model_rules]
+
+
+def test_spec_defaults_are_in_the_crd() -> None:
+    spec = openapi_schema()["properties"]["spec"]["properties"]
+    assert spec["scaling"]["properties"]["minReplicas"]["default"] == 1
+    assert spec["worker"]["properties"]["leaseSeconds"]["default"] == 45.0
+    assert spec["scaling"]["default"] == {}
+    assert "default" not in spec["worker"]["properties"]["resources"]  # the model's applies
+
+
+def test_crd_passes_kubernetes_validate_strict() -> None:
+    tool = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent))
+    assert tool, "kubernetes-validate is not installed in the environment"
+    result = subprocess.run([tool, "--strict", str(CRD_FILE)], capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed" in result.stdout
+
+
+def test_there_are_good_and_bad_examples() -> None:
+    assert {p.name for p in EXAMPLES} >= {"pool-minimal.yaml", "pool-full.yaml"}
+    assert len(BAD_EXAMPLES) >= 5
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates_against_the_crd_schema_and_the_rules(path: Path) -> None:
+    example = _load(path)
+    assert example["apiVersion"] == "leasebox.dev/v1alpha1"
+    assert example["kind"] == "OutboxWorkerPool"
+    errors = [e.message for e in _validator().iter_errors(example)]
+    assert errors == []
+    PoolSpec.model_validate(example["spec"])
+
+
+@pytest.mark.parametrize("path", BAD_EXAMPLES, ids=lambda p: p.name)
+def test_bad_example_is_rejected(path: Path) -> None:
+    example = _load(path)
+    schema_errors = list(_validator().iter_errors(example))
+    with pytest.raises(ValidationError):
+        PoolSpec.model_validate(example["spec"])
+    uses_cel = "CEL rule" in path.read_text(encoding="utf-8")
+    # Field-level problems are the schema's to catch; cross-field ones are CEL's.
+    assert bool(schema_errors) != uses_cel, [e.message for e in schema_errors]

@@ -1,0 +1,119 @@
+"""The operator's backlog reads against a real PostgreSQL: shared pools, bounded queries."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import conninfo
+
+from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
+from leasebox_operator.kube import SecretError
+from leasebox_operator.models import PoolSpec
+from leasebox_operator.polling import PollError
+from leasebox_operator.settings import OperatorSettings
+
+SPEC = PoolSpec.model_validate({
+    "kinds": ["otp"], "database": {"secretRef": {"name": "db"}},
+    "provider": {"secretRef": {"name": "mail"}},
+})  # fmt: skip
+
+
+class SecretStore:
+    """Stands in for the API's Secrets."""
+
+    def __init__(self, values: dict[tuple[str, str], str]) -> None:
+        self.values = values
+        self.reads = 0
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str:
+        self.reads += 1
+        if (name, key) not in self.values:
+            raise SecretError("SecretNotFound", f"Secret {namespace}/{name} does not exist")
+        return self.values[(name, key)]
+
+
+@pytest.fixture
+async def pools() -> AsyncIterator[ConnectionPools]:
+    shared = ConnectionPools(
+        OperatorSettings(statement_timeout_seconds=0.3, connect_timeout_seconds=1)
+    )
+    yield shared
+    await shared.close()
+
+
+def _insert(conn: psycopg.Connection[Any], count: int) -> None:
+    conn.execute(
+        "INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key) "
+        "SELECT 'otp', 'u@example.com', 'otp', 'k' || i FROM generate_series(1, %s) AS i",
+        (count,),
+    )
+    conn.commit()
+
+
+async def test_pools_sharing_a_database_share_one_connection_pool(
+    pools: ConnectionPools, db_conn: psycopg.Connection[Any], db_dsn: str
+) -> None:
+    _insert(db_conn, 5)
+    store = SecretStore({("db", "dsn"): db_dsn})
+    first = DatabaseBacklogSource(store, "mail", pools)  # type: ignore[arg-type]
+    second = DatabaseBacklogSource(store, "other", pools)  # type: ignore[arg-type]
+    assert (await first.fetch(SPEC, 5.0)).pending == 5
+    assert (await second.fetch(SPEC, 5.0)).ready == 5
+    await first.fetch(SPEC, 5.0)
+    assert len(pools._pools) == 1
+    assert store.reads == 2  # the DSN is cached between polls
+
+
+async def test_a_blocked_backlog_query_hits_the_statement_timeout(
+    pools: ConnectionPools, db_conn: psycopg.Connection[Any], db_dsn: str
+) -> None:
+    db_conn.execute("LOCK TABLE leasebox.outbox IN ACCESS EXCLUSIVE MODE")
+    try:
+        with pytest.raises(PollError) as caught:
+            await pools.backlog(db_dsn, ["otp"], "leasebox", 5.0)
+    finally:
+        db_conn.rollback()
+    assert caught.value.reason == "QueryTimeout"
+    assert "0.3s statement timeout" in caught.value.message
+
+
+async def test_an_unmigrated_schema_says_how_to_fix_it(pools: ConnectionPools, db_dsn: str) -> None:
+    with pytest.raises(PollError) as caught:
+        await pools.backlog(db_dsn, ["otp"], "elsewhere", 5.0)
+    assert caught.value.reason == "SchemaMissing"
+    assert "leasebox migrate --schema elsewhere" in caught.value.message
+
+
+async def test_an_unreachable_database_is_reported_without_its_password(
+    pools: ConnectionPools, db_dsn: str
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    params = conninfo.conninfo_to_dict(db_dsn) | {"port": port, "password": "hunter2-secret"}
+    dsn = conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
+    with pytest.raises(PollError) as caught:
+        await pools.backlog(dsn, ["otp"], "leasebox", 5.0)
+    assert caught.value.reason == "ConnectionFailed"
+    assert f"127.0.0.1:{port}" in caught.value.message
+    assert "hunter2" not in caught.value.message
+
+
+async def test_a_missing_secret_or_a_malformed_dsn_is_a_poll_error(
+    pools: ConnectionPools,
+) -> None:
+    missing = DatabaseBacklogSource(SecretStore({}), "mail", pools)  # type: ignore[arg-type]
+    with pytest.raises(PollError) as caught:
+        await missing.fetch(SPEC, 5.0)
+    assert (caught.value.reason, caught.value.message) == (
+        "SecretNotFound", "Secret mail/db does not exist")  # fmt: skip
+    garbled = SecretStore({("db", "dsn"): "host=db password=s3cret port"})
+    source = DatabaseBacklogSource(garbled, "mail", pools)  # type: ignore[arg-type]
+    with pytest.raises(PollError) as caught:
+        await source.fetch(SPEC, 5.0)
+    assert caught.value.reason == "InvalidDSN"
+    assert "s3cret" not in caught.value.message

@@ -1,0 +1,76 @@
+"""`leasebox crd` and `leasebox operator`'s flags and settings, without running kopf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leasebox.cli import build_parser, main
+from leasebox.commands.operator import operator_settings
+from leasebox.errors import ConfigurationError
+from leasebox_operator.kube import resource_path
+from leasebox_operator.settings import OperatorSettings
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "outboxworkerpools.leasebox.dev.yaml"
+
+
+def test_crd_command_prints_the_checked_in_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == CRD_FILE.read_text(encoding="utf-8")
+
+
+def test_operator_flags_become_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEASEBOX_OPERATOR_STATEMENT_TIMEOUT", "2.5")
+    args = build_parser().parse_args([
+        "operator", "-n", "mail", "--namespace", "otp-*", "--standalone", "--liveness", "none",
+        "--metrics-port", "9200", "--log-format", "plain", "--worker-image", "img:1",
+    ])  # fmt: skip
+    settings = operator_settings(args)
+    assert settings.namespaces == ("mail", "otp-*")
+    assert not settings.clusterwide
+    assert settings.standalone
+    assert settings.liveness_endpoint is None
+    assert (settings.metrics_port, settings.log_format) == (9200, "plain")
+    assert settings.worker_image == "img:1"
+    assert settings.statement_timeout_seconds == 2.5
+    assert settings.finalizer == "leasebox.dev/finalizer"
+
+
+def test_operator_defaults_to_all_namespaces_with_peering() -> None:
+    settings = operator_settings(build_parser().parse_args(["operator"]))
+    assert settings.clusterwide
+    assert settings.namespaces == ()
+    assert not settings.standalone
+    assert settings.priority == 0
+    assert settings.liveness_endpoint == "http://0.0.0.0:8080/healthz"
+    assert settings.metrics_port == 9109
+
+
+def test_namespace_and_all_namespaces_exclude_each_other(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["operator", "-n", "a", "--all-namespaces"])
+    assert caught.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_bad_environment_settings_are_one_clear_error() -> None:
+    with pytest.raises(ConfigurationError, match="LEASEBOX_OPERATOR_METRICS_PORT='x'"):
+        OperatorSettings.from_environ({"LEASEBOX_OPERATOR_METRICS_PORT": "x"})
+    with pytest.raises(ConfigurationError, match="not both"):
+        OperatorSettings(namespaces=("a",), clusterwide=True)
+    settings = OperatorSettings.from_environ({"LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5"})
+    assert settings.api_backoffs == (0.2, 0.5)
+
+
+def test_resource_paths_follow_the_api_layout() -> None:
+    assert resource_path("v1", "secrets", "mail", "db") == "/api/v1/namespaces/mail/secrets/db"
+    assert (
+        resource_path("apps/v1", "deployments", "mail")
+        == "/apis/apps/v1/namespaces/mail/deployments"
+    )
+    assert resource_path("leasebox.dev/v1alpha1", "outboxworkerpools", "m", "p", "status") == (
+        "/apis/leasebox.dev/v1alpha1/namespaces/m/outboxworkerpools/p/status"
+    )

@@ -1,0 +1,311 @@
+"""The operator end to end: `leasebox operator` against an emulated API and a real PostgreSQL.
+
+One pool goes through its life: applied (children and status appear), a backlog arrives
+(replicas go up), the backlog drains (replicas come down after the stabilisation window),
+the database goes away (replicas kept, condition false) and comes back, the pool is
+paused (nothing changes), its spec turns invalid (a condition), and it is deleted (its
+children go). Poll interval and stabilisation window are short, so nothing sleeps long.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+import yaml
+from psycopg import conninfo, sql
+
+from kube_emulator import KubeEmulator
+from leasebox_operator.crd import custom_resource_definition
+
+T = TypeVar("T")
+POOLS = ("leasebox.dev/v1alpha1", "outboxworkerpools")
+NAME = "e2e"
+DEPLOYMENT = f"{NAME}-worker"
+POLL_SECONDS = 0.5
+STABILISATION_SECONDS = 2.0
+
+POOL: dict[str, Any] = {
+    "apiVersion": "leasebox.dev/v1alpha1",
+    "kind": "OutboxWorkerPool",
+    "metadata": {"name": NAME, "namespace": "default"},
+    "spec": {
+        "kinds": ["otp"],
+        "database": {"secretRef": {"name": "leasebox-database"}},
+        "provider": {"secretRef": {"name": "leasebox-provider"}},
+        "sla": {"oldestPendingAgeSeconds": 30},
+        "scaling": {
+            "minReplicas": 1,
+            "maxReplicas": 8,
+            "pollIntervalSeconds": POLL_SECONDS,
+            "scaleDownStabilizationSeconds": STABILISATION_SECONDS,
+            "initialWorkerThroughput": 10,
+            "startupSeconds": 1,
+        },
+    },
+}
+
+
+def wait_for(probe: Callable[[], T | None], *, what: str, timeout: float = 10.0) -> T:
+    """Call `probe` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _secret(name: str, key: str, value: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": "default"},
+        "data": {key: base64.b64encode(value.encode()).decode()},
+    }
+
+
+class Cluster:
+    """The emulated cluster as the test sees it."""
+
+    def __init__(self, kube: KubeEmulator) -> None:
+        self.kube = kube
+
+    def pool(self) -> dict[str, Any] | None:
+        return self.kube.get(*POOLS, NAME, namespace="default")
+
+    def status(self) -> dict[str, Any]:
+        return dict((self.pool() or {}).get("status") or {})
+
+    def condition(self, kind: str) -> dict[str, Any] | None:
+        return next((c for c in self.status().get("conditions", []) if c["type"] == kind), None)
+
+    def condition_is(self, kind: str, status: str, reason: str | None = None) -> bool:
+        found = self.condition(kind)
+        return bool(found and found["status"] == status and reason in (None, found["reason"]))
+
+    def deployment(self) -> dict[str, Any] | None:
+        return self.kube.get("apps/v1", "deployments", DEPLOYMENT, namespace="default")
+
+    def replicas(self) -> int | None:
+        found = self.deployment()
+        return None if found is None else int(found["spec"]["replicas"])
+
+    def patch_spec(self, spec: dict[str, Any]) -> None:
+        self.kube.patch(*POOLS, NAME, {"spec": spec}, namespace="default")
+
+    def events(self) -> list[dict[str, Any]]:
+        found = [
+            e
+            for e in self.kube.events("default")
+            if (e.get("involvedObject") or e.get("regarding") or {}).get("name") == NAME
+        ]
+        return sorted(found, key=lambda e: int(e["metadata"].get("resourceVersion", 0)))
+
+    def event_reasons(self) -> list[str]:
+        return [str(e.get("reason")) for e in self.events()]
+
+
+class Database:
+    """The pool's outbox database, with a switch that takes it away."""
+
+    def __init__(self, dsn: str, server_dsn: str) -> None:
+        self.dsn = dsn
+        self.server_dsn = server_dsn
+        self.name = str(conninfo.conninfo_to_dict(dsn)["dbname"])
+
+    def insert_backlog(self, count: int) -> None:
+        with psycopg.connect(self.dsn) as conn:
+            conn.execute(
+                "INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key) "
+                "SELECT 'otp', 'user' || i || '@example.com', 'otp', 'e2e:' || i || ':' || "
+                "gen_random_uuid() FROM generate_series(1, %s) AS i",
+                (count,),
+            )
+
+    def drain(self) -> None:
+        with psycopg.connect(self.dsn) as conn:
+            conn.execute("DELETE FROM leasebox.outbox")
+
+    def allow_connections(self, allowed: bool) -> None:
+        with psycopg.connect(self.server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+                    sql.Identifier(self.name), sql.SQL("true" if allowed else "false")
+                )
+            )
+            if not allowed:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (self.name,),
+                )
+
+
+@pytest.fixture
+def database(db_dsn: str, server_dsn: str) -> Iterator[Database]:
+    db = Database(db_dsn, server_dsn)
+    yield db
+    db.allow_connections(True)
+
+
+@pytest.fixture
+def operator_process(
+    kube_emulator: KubeEmulator, database: Database, tmp_path: Path
+) -> Iterator[tuple[Cluster, int]]:
+    """`leasebox operator` watching the emulated cluster's default namespace."""
+    kube_emulator.apply_crd(custom_resource_definition())
+    kube_emulator.create("v1", "secrets", _secret("leasebox-database", "dsn", database.dsn))
+    kube_emulator.create("v1", "secrets", _secret("leasebox-provider", "url", "log://"))
+    metrics_port = _free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kube_emulator.write_kubeconfig(tmp_path / "kubeconfig")),
+        "LEASEBOX_OPERATOR_CONNECT_TIMEOUT": "1",
+        "LEASEBOX_OPERATOR_MAX_POLL_BACKOFF": "1",
+        "LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5",
+    }
+    log_path = tmp_path / "operator.log"
+    command = [
+        sys.executable, "-m", "leasebox.cli", "operator", "--namespace", "default",
+        "--standalone", "--liveness", "none", "--metrics-port", str(metrics_port),
+        "--log-format", "plain", *os.environ.get("LEASEBOX_E2E_OPERATOR_FLAGS", "").split(),
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield Cluster(kube_emulator), metrics_port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log_text = log_path.read_text(errors="replace")
+        print("\n--- operator log (tail) ---\n" + "\n".join(log_text.splitlines()[-40:]))
+        assert "Traceback" not in log_text, "the operator logged a traceback"
+        assert database.dsn not in log_text
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def _show(title: str, payload: Any) -> None:
+    print(
+        f"\n=== {title} ===\n"
+        + yaml.safe_dump(payload, sort_keys=False, width=120, allow_unicode=True)
+    )
+
+
+def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
+    operator_process: tuple[Cluster, int], database: Database
+) -> None:
+    cluster, metrics_port = operator_process
+    cluster.kube.create(*POOLS, json.loads(json.dumps(POOL)), namespace="default")
+
+    # Applied: the Deployment, the PDB and the status appear.
+    deployment = wait_for(cluster.deployment, what="the worker Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["metadata"]["ownerReferences"][0]["kind"] == "OutboxWorkerPool"
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    dsn_var = next(v for v in env if v["name"] == "LEASEBOX_DSN")
+    assert dsn_var == {"name": "LEASEBOX_DSN", "valueFrom": {"secretKeyRef": {
+        "name": "leasebox-database", "key": "dsn"}}}  # fmt: skip
+    wait_for(
+        lambda: cluster.kube.get("policy/v1", "poddisruptionbudgets", DEPLOYMENT,
+                                 namespace="default"),
+        what="the PodDisruptionBudget",
+    )  # fmt: skip
+    wait_for(lambda: cluster.condition_is("Ready", "True", "Reconciled"), what="Ready=True")
+    wait_for(lambda: cluster.condition_is("DatabaseReachable", "True"), what="database reachable")
+
+    # A backlog arrives: replicas go up within two polls; the status shows the backlog.
+    database.insert_backlog(600)
+    wait_for(lambda: (cluster.replicas() or 0) > 1, what="a scale-up",
+             timeout=2 * POLL_SECONDS + 1.5)  # fmt: skip
+    wait_for(lambda: cluster.status().get("backlog", {}).get("pending") == 600,
+             what="the backlog in the status")  # fmt: skip
+    scaled_up = wait_for(
+        lambda: next((e for e in cluster.events() if e["reason"] == "ScaledUp"), None),
+        what="the ScaledUp Event",
+    )
+    assert scaled_up["message"].startswith("scale up 1→")
+    assert "SLA" in scaled_up["message"]
+    assert "backlog 600" in scaled_up["message"]
+    metrics = _metrics(metrics_port)
+    assert 'leasebox_pool_messages{namespace="default",pool="e2e",state="pending"} 600.0' in metrics
+    assert 'leasebox_pool_sla_seconds{namespace="default",pool="e2e"} 30.0' in metrics
+
+    # Drained: replicas come down to minReplicas once the stabilisation window has passed.
+    database.drain()
+    wait_for(lambda: cluster.replicas() == 1, what="the scale-down to minReplicas",
+             timeout=STABILISATION_SECONDS + 8)  # fmt: skip
+    wait_for(lambda: "ScaledDown" in cluster.event_reasons(), what="the ScaledDown Event")
+    assert cluster.status()["lastScaleReason"].startswith("scale down")
+
+    # The database goes away: replicas kept, DatabaseReachable=False, an Event; then back.
+    database.insert_backlog(50)
+    wait_for(lambda: cluster.status().get("backlog", {}).get("pending") == 50,
+             what="the new backlog")  # fmt: skip
+    before = cluster.replicas()
+    database.allow_connections(False)
+    wait_for(lambda: cluster.condition_is("DatabaseReachable", "False", "ConnectionFailed"),
+             what="DatabaseReachable=False")  # fmt: skip
+    time.sleep(4 * POLL_SECONDS)  # several failed polls: nothing may move
+    assert cluster.replicas() == before
+    wait_for(lambda: "DatabaseUnreachable" in cluster.event_reasons(), what="the outage Event")
+    assert database.dsn not in json.dumps(cluster.status())
+    database.allow_connections(True)
+    wait_for(lambda: cluster.condition_is("DatabaseReachable", "True"), what="recovery")
+
+    # Paused: a new backlog changes nothing but the reported backlog.
+    cluster.patch_spec({"paused": True})
+    wait_for(lambda: cluster.condition_is("Paused", "True"), what="Paused=True")
+    frozen = cluster.replicas()
+    database.insert_backlog(2000)
+    wait_for(lambda: cluster.status().get("backlog", {}).get("pending") == 2050,
+             what="the paused pool's backlog")  # fmt: skip
+    time.sleep(4 * POLL_SECONDS)
+    assert cluster.replicas() == frozen
+    _show("status of pool default/e2e (paused, backlog waiting)", cluster.status())
+
+    # Invalid spec: Ready=False with the reason, no crash loop.
+    cluster.patch_spec({"scaling": {"minReplicas": 9}})
+    wait_for(lambda: cluster.condition_is("Ready", "False", "InvalidSpec"), what="InvalidSpec")
+    assert "minReplicas must not exceed maxReplicas" in cluster.condition("Ready")["message"]
+    assert cluster.replicas() == frozen
+    wait_for(lambda: "InvalidSpec" in cluster.event_reasons(), what="the InvalidSpec Event")
+    _show("events of pool default/e2e", [
+        {"type": e.get("type"), "reason": e.get("reason"), "message": e.get("message")}
+        for e in cluster.events()
+    ])  # fmt: skip
+
+    # Deleted: the children go with it.
+    cluster.kube.delete(*POOLS, NAME, namespace="default")
+    wait_for(lambda: cluster.pool() is None, what="the pool to be gone")
+    wait_for(lambda: cluster.deployment() is None, what="the Deployment to be collected")
+    assert cluster.kube.get("policy/v1", "poddisruptionbudgets", DEPLOYMENT,
+                            namespace="default") is None  # fmt: skip
