@@ -9,18 +9,12 @@ children go). Poll interval and stabilisation window are short, so nothing sleep
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,10 +22,8 @@ import yaml
 from psycopg import conninfo, sql
 
 from kube_emulator import KubeEmulator
-from leasebox_operator.crd import custom_resource_definition
+from operator_harness import POOLS, Cluster, running_operator, wait_for
 
-T = TypeVar("T")
-POOLS = ("leasebox.dev/v1alpha1", "outboxworkerpools")
 NAME = "e2e"
 DEPLOYMENT = f"{NAME}-worker"
 POLL_SECONDS = 0.5
@@ -56,74 +48,6 @@ POOL: dict[str, Any] = {
         },
     },
 }
-
-
-def wait_for(probe: Callable[[], T | None], *, what: str, timeout: float = 10.0) -> T:
-    """Call `probe` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _secret(name: str, key: str, value: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": "default"},
-        "data": {key: base64.b64encode(value.encode()).decode()},
-    }
-
-
-class Cluster:
-    """The emulated cluster as the test sees it."""
-
-    def __init__(self, kube: KubeEmulator) -> None:
-        self.kube = kube
-
-    def pool(self) -> dict[str, Any] | None:
-        return self.kube.get(*POOLS, NAME, namespace="default")
-
-    def status(self) -> dict[str, Any]:
-        return dict((self.pool() or {}).get("status") or {})
-
-    def condition(self, kind: str) -> dict[str, Any] | None:
-        return next((c for c in self.status().get("conditions", []) if c["type"] == kind), None)
-
-    def condition_is(self, kind: str, status: str, reason: str | None = None) -> bool:
-        found = self.condition(kind)
-        return bool(found and found["status"] == status and reason in (None, found["reason"]))
-
-    def deployment(self) -> dict[str, Any] | None:
-        return self.kube.get("apps/v1", "deployments", DEPLOYMENT, namespace="default")
-
-    def replicas(self) -> int | None:
-        found = self.deployment()
-        return None if found is None else int(found["spec"]["replicas"])
-
-    def patch_spec(self, spec: dict[str, Any]) -> None:
-        self.kube.patch(*POOLS, NAME, {"spec": spec}, namespace="default")
-
-    def events(self) -> list[dict[str, Any]]:
-        found = [
-            e
-            for e in self.kube.events("default")
-            if (e.get("involvedObject") or e.get("regarding") or {}).get("name") == NAME
-        ]
-        return sorted(found, key=lambda e: int(e["metadata"].get("resourceVersion", 0)))
-
-    def event_reasons(self) -> list[str]:
-        return [str(e.get("reason")) for e in self.events()]
 
 
 class Database:
@@ -174,38 +98,8 @@ def operator_process(
     kube_emulator: KubeEmulator, database: Database, tmp_path: Path
 ) -> Iterator[tuple[Cluster, int]]:
     """`leasebox operator` watching the emulated cluster's default namespace."""
-    kube_emulator.apply_crd(custom_resource_definition())
-    kube_emulator.create("v1", "secrets", _secret("leasebox-database", "dsn", database.dsn))
-    kube_emulator.create("v1", "secrets", _secret("leasebox-provider", "url", "log://"))
-    metrics_port = _free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kube_emulator.write_kubeconfig(tmp_path / "kubeconfig")),
-        "LEASEBOX_OPERATOR_CONNECT_TIMEOUT": "1",
-        "LEASEBOX_OPERATOR_MAX_POLL_BACKOFF": "1",
-        "LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5",
-    }
-    log_path = tmp_path / "operator.log"
-    command = [
-        sys.executable, "-m", "leasebox.cli", "operator", "--namespace", "default",
-        "--standalone", "--liveness", "none", "--metrics-port", str(metrics_port),
-        "--log-format", "plain", *os.environ.get("LEASEBOX_E2E_OPERATOR_FLAGS", "").split(),
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield Cluster(kube_emulator), metrics_port
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log_text = log_path.read_text(errors="replace")
-        print("\n--- operator log (tail) ---\n" + "\n".join(log_text.splitlines()[-40:]))
-        assert "Traceback" not in log_text, "the operator logged a traceback"
-        assert database.dsn not in log_text
+    with running_operator(kube_emulator, database.dsn, tmp_path) as metrics_port:
+        yield Cluster(kube_emulator, NAME), metrics_port
 
 
 def _metrics(port: int) -> str:

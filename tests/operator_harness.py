@@ -1,0 +1,140 @@
+"""Running `leasebox operator` against the emulated cluster, shared by the end-to-end tests.
+
+The operator runs as a real subprocess (the way a pod runs it) with KUBECONFIG pointing at
+the emulator; the test reads the cluster through the emulator's direct accessors.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kube_emulator import KubeEmulator
+from leasebox_operator.crd import custom_resource_definition
+
+T = TypeVar("T")
+POOLS = ("leasebox.dev/v1alpha1", "outboxworkerpools")
+
+
+def wait_for(probe: Callable[[], T | None], *, what: str, timeout: float = 10.0) -> T:
+    """Call `probe` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def secret(name: str, key: str, value: str, namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {key: base64.b64encode(value.encode()).decode()},
+    }
+
+
+class Cluster:
+    """One pool in the emulated cluster, as the test sees it."""
+
+    def __init__(self, kube: KubeEmulator, name: str, namespace: str = "default") -> None:
+        self.kube = kube
+        self.name = name
+        self.namespace = namespace
+        self.deployment_name = f"{name}-worker"
+
+    def pool(self) -> dict[str, Any] | None:
+        return self.kube.get(*POOLS, self.name, namespace=self.namespace)
+
+    def status(self) -> dict[str, Any]:
+        return dict((self.pool() or {}).get("status") or {})
+
+    def condition(self, kind: str) -> dict[str, Any] | None:
+        return next((c for c in self.status().get("conditions", []) if c["type"] == kind), None)
+
+    def condition_is(self, kind: str, status: str, reason: str | None = None) -> bool:
+        found = self.condition(kind)
+        return bool(found and found["status"] == status and reason in (None, found["reason"]))
+
+    def deployment(self) -> dict[str, Any] | None:
+        return self.kube.get(
+            "apps/v1", "deployments", self.deployment_name, namespace=self.namespace
+        )
+
+    def replicas(self) -> int | None:
+        found = self.deployment()
+        return None if found is None else int(found["spec"]["replicas"])
+
+    def patch_spec(self, spec: dict[str, Any]) -> None:
+        self.kube.patch(*POOLS, self.name, {"spec": spec}, namespace=self.namespace)
+
+    def events(self) -> list[dict[str, Any]]:
+        found = [
+            e
+            for e in self.kube.events(self.namespace)
+            if (e.get("involvedObject") or e.get("regarding") or {}).get("name") == self.name
+        ]
+        return sorted(found, key=lambda e: int(e["metadata"].get("resourceVersion", 0)))
+
+    def event_reasons(self) -> list[str]:
+        return [str(e.get("reason")) for e in self.events()]
+
+
+@contextmanager
+def running_operator(
+    kube: KubeEmulator, database_dsn: str, workdir: Path, *, provider_url: str = "log://"
+) -> Iterator[int]:
+    """The CRD and Secrets applied, `leasebox operator` running; yields its metrics port.
+
+    On exit the operator gets SIGTERM; its log must hold no traceback and no DSN.
+    """
+    kube.apply_crd(custom_resource_definition())
+    kube.create("v1", "secrets", secret("leasebox-database", "dsn", database_dsn))
+    kube.create("v1", "secrets", secret("leasebox-provider", "url", provider_url))
+    metrics_port = free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kube.write_kubeconfig(workdir / "kubeconfig")),
+        "LEASEBOX_OPERATOR_CONNECT_TIMEOUT": "1",
+        "LEASEBOX_OPERATOR_MAX_POLL_BACKOFF": "1",
+        "LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5",
+    }
+    log_path = workdir / "operator.log"
+    command = [
+        sys.executable, "-m", "leasebox.cli", "operator", "--namespace", "default",
+        "--standalone", "--liveness", "none", "--metrics-port", str(metrics_port),
+        "--log-format", "plain", *os.environ.get("LEASEBOX_E2E_OPERATOR_FLAGS", "").split(),
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield metrics_port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log_text = log_path.read_text(errors="replace")
+        print("\n--- operator log (tail) ---\n" + "\n".join(log_text.splitlines()[-40:]))
+        assert "Traceback" not in log_text, "the operator logged a traceback"
+        assert database_dsn not in log_text
