@@ -103,20 +103,28 @@ WITH candidates AS (
     ) AS c
     ORDER BY c.available_at, c.id
     LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'processing',
+        lease_token = gen_random_uuid(),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => %(lease_seconds)s),
+        leased_by = %(worker_id)s,
+        attempts = o.attempts + 1,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM candidates
+    WHERE o.id = candidates.id
+    RETURNING o.id, o.kind, o.aggregate_id, o.recipient, o.template, o.data, o.secrets,
+              o.delivery_key, o.attempts, o.max_attempts, o.expires_at, o.lease_token,
+              o.lease_expires_at, o.created_at, o.available_at
 )
-UPDATE {schema}.outbox AS o
-SET status = 'processing',
-    lease_token = gen_random_uuid(),
-    lease_expires_at = coalesce(%(now)s::timestamptz, now())
-        + make_interval(secs => %(lease_seconds)s),
-    leased_by = %(worker_id)s,
-    attempts = o.attempts + 1,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM candidates
-WHERE o.id = candidates.id
-RETURNING o.id, o.kind, o.aggregate_id, o.recipient, o.template, o.data, o.secrets,
-          o.delivery_key, o.attempts, o.max_attempts, o.expires_at, o.lease_token,
-          o.lease_expires_at, o.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at;
+-- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen.
+SELECT id, kind, aggregate_id, recipient, template, data, secrets, delivery_key, attempts,
+       max_attempts, expires_at, lease_token, lease_expires_at, created_at,
+       coalesce(%(now)s::timestamptz, now()) AS claimed_at
+FROM claimed
+ORDER BY available_at, id;
 
 -- name: mark_sent
 UPDATE {schema}.outbox AS o
@@ -241,6 +249,18 @@ ORDER BY updated_at, id
 LIMIT %(limit)s;
 
 -- name: requeue_dead_letters
+WITH chosen AS (
+    SELECT id FROM {schema}.outbox
+    WHERE status = 'dead'
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+      AND (%(reason)s::text IS NULL OR dead_reason = %(reason)s::text)
+      AND (%(older_than_seconds)s::float8 IS NULL
+           OR updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY updated_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE {schema}.outbox AS o
 SET status = 'pending',
     attempts = 0,
@@ -248,13 +268,19 @@ SET status = 'pending',
     dead_reason = NULL,
     expires_at = CASE WHEN %(clear_expiry)s THEN NULL ELSE o.expires_at END,
     updated_at = now()
-WHERE o.status = 'dead'
-  AND (%(kinds)s::text[] IS NULL OR o.kind = ANY(%(kinds)s::text[]))
-  AND (%(reason)s::text IS NULL OR o.dead_reason = %(reason)s::text)
-  AND (%(older_than_seconds)s::float8 IS NULL
-       OR o.updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
-  AND (%(ids)s::bigint[] IS NULL OR o.id = ANY(%(ids)s::bigint[]))
+FROM chosen
+WHERE o.id = chosen.id
 RETURNING o.id;
+
+-- name: count_dead_letters
+SELECT count(*)
+FROM {schema}.outbox
+WHERE status = 'dead'
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(reason)s::text IS NULL OR dead_reason = %(reason)s::text)
+  AND (%(older_than_seconds)s::float8 IS NULL
+       OR updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]));
 
 -- name: purge_dead_letters
 WITH doomed AS (
@@ -288,3 +314,10 @@ WITH doomed AS (
 )
 DELETE FROM {schema}.receipts AS r USING doomed
 WHERE r.scope = doomed.scope AND r.idempotency_key = doomed.idempotency_key;
+
+-- name: listen
+LISTEN leasebox_outbox;
+
+-- name: schema_present
+SELECT count(*) = 2 FROM pg_catalog.pg_tables
+WHERE schemaname = %(schema_name)s AND tablename IN ('outbox', 'receipts');

@@ -1,0 +1,28 @@
+"""Fixtures of the reliability suite: the SMTP sink on its own thread, and worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from reliability_rig import SmtpServer, SmtpSink, Workers
+
+from leasebox.embedded import free_port
+
+
+@pytest.fixture
+def smtp() -> Iterator[SmtpServer]:
+    server = SmtpServer(SmtpSink(), free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def workers(db_dsn: str, smtp: SmtpServer, tmp_path: Path) -> Iterator[Workers]:
+    rig = Workers(db_dsn, smtp.port, tmp_path)
+    try:
+        yield rig
+    finally:
+        rig.kill_all()

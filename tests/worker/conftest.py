@@ -1,0 +1,84 @@
+"""Fixtures for the worker's tests: a database clock, an async pool, rows inserted by hand."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+from worker_testing import Insert, ManualClock, ScriptedProvider
+
+from leasebox.payload_crypto import PayloadCipher
+
+
+@pytest.fixture
+def provider() -> ScriptedProvider:
+    return ScriptedProvider()
+
+
+@pytest.fixture
+def db_now(db_conn: psycopg.Connection) -> datetime:
+    row = db_conn.execute("SELECT now()").fetchone()
+    db_conn.rollback()
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+@pytest.fixture
+def clock(db_now: datetime) -> ManualClock:
+    return ManualClock(db_now)
+
+
+@pytest.fixture
+async def pool(db_dsn: str) -> AsyncIterator[AsyncConnectionPool]:
+    async with AsyncConnectionPool(
+        db_dsn, min_size=1, max_size=4, timeout=5, kwargs={"autocommit": True}
+    ) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def aconn(db_dsn: str) -> AsyncIterator[psycopg.AsyncConnection]:
+    async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def insert(db_conn: psycopg.Connection, db_now: datetime) -> Insert:
+    """Insert one outbox row (committed) and return its id; fields override the defaults.
+
+    Rows are ready a second before `db_now`, the time the injected clock starts at.
+    """
+    cipher = PayloadCipher()
+
+    def insert_row(**fields: Any) -> int:
+        code = fields.pop("code", "424242")
+        row = {
+            "kind": "otp",
+            "aggregate_id": "user-1",
+            "recipient": f"{uuid.uuid4().hex[:8]}@example.com",
+            "template": "otp",
+            "data": json.dumps({"minutes_valid": 10}),
+            "secrets": cipher.seal({"code": code}),
+            "delivery_key": f"otp:{uuid.uuid4().hex}",
+            "max_attempts": 8,
+            "available_at": db_now - timedelta(seconds=1),
+            **fields,
+        }
+        statement = sql.SQL("INSERT INTO leasebox.outbox ({}) VALUES ({}) RETURNING id").format(
+            sql.SQL(", ").join(map(sql.Identifier, row)),
+            sql.SQL(", ").join(map(sql.Placeholder, row)),
+        )
+        found = db_conn.execute(statement, row).fetchone()
+        db_conn.commit()
+        assert found is not None
+        return int(found[0])
+
+    return insert_row

@@ -1,0 +1,179 @@
+"""Dead letters listed, requeued and purged; old history pruned in batches."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+from worker_testing import Insert, row_of, statuses
+
+from leasebox.cli import main
+from leasebox.errors import ConfigurationError
+from leasebox.maintenance import (
+    DeadLetterFilter,
+    count_dead_letters,
+    list_dead_letters,
+    parse_duration,
+    prune,
+    purge_dead_letters,
+    requeue_dead_letters,
+)
+
+
+def _dead(
+    insert: Insert, db_now: datetime, reason: str, age_hours: float = 0, **fields: object
+) -> int:
+    return insert(
+        status="dead",
+        dead_reason=reason,
+        attempts=1,
+        last_error="550 no such user",
+        last_error_class="smtp_550",
+        updated_at=db_now - timedelta(hours=age_hours),
+        **fields,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("15m", 900),
+        ("1h", 3600),
+        ("7d", 604800),
+        ("2w", 1209600),
+        ("1.5h", 5400),
+    ],
+)
+def test_durations_read_with_their_unit(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "1y", "-1h", "1 hour"])
+def test_a_bad_duration_is_a_configuration_error(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_dead_letters_filter_by_kind_reason_age_and_id(
+    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+) -> None:
+    old_rejected = _dead(insert, db_now, "rejected", age_hours=3)
+    new_rejected = _dead(insert, db_now, "rejected")
+    expired_invite = _dead(insert, db_now, "expired", age_hours=5, kind="invite")
+    insert()  # pending: never a dead letter
+
+    def ids(**criteria: object) -> list[int]:
+        selection = DeadLetterFilter(**criteria)  # type: ignore[arg-type]
+        return [d.id for d in list_dead_letters(db_conn, selection)]
+
+    assert ids() == [expired_invite, old_rejected, new_rejected]
+    assert ids(kinds=("otp",)) == [old_rejected, new_rejected]
+    assert ids(reason="expired") == [expired_invite]
+    assert ids(older_than_seconds=3600) == [expired_invite, old_rejected]
+    assert ids(ids=(new_rejected, 999)) == [new_rejected]
+    assert ids(limit=1) == [expired_invite]
+    assert count_dead_letters(db_conn, DeadLetterFilter(reason="rejected")) == 2
+    [letter] = list_dead_letters(db_conn, DeadLetterFilter(ids=(old_rejected,)))
+    assert (letter.kind, letter.dead_reason, letter.last_error_class) == (
+        "otp",
+        "rejected",
+        "smtp_550",
+    )
+
+
+def test_requeue_resets_attempts_and_makes_the_row_ready_now(
+    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+) -> None:
+    chosen = _dead(insert, db_now, "rejected", available_at=db_now - timedelta(days=1))
+    other = _dead(insert, db_now, "expired")
+    assert requeue_dead_letters(db_conn, DeadLetterFilter(reason="rejected")) == [chosen]
+    row = row_of(db_conn, chosen)
+    assert (row["status"], row["attempts"], row["dead_reason"]) == ("pending", 0, None)
+    assert row["available_at"] >= db_now
+    assert row_of(db_conn, other)["status"] == "dead"
+
+
+def test_requeue_keeps_an_otp_expiry_unless_told_to_clear_it(
+    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+) -> None:
+    kept = _dead(insert, db_now, "expired", expires_at=db_now - timedelta(minutes=1))
+    cleared = _dead(insert, db_now, "expired", expires_at=db_now - timedelta(minutes=1))
+    requeue_dead_letters(db_conn, DeadLetterFilter(ids=(kept,)))
+    requeue_dead_letters(db_conn, DeadLetterFilter(ids=(cleared,)), clear_expiry=True)
+    assert row_of(db_conn, kept)["expires_at"] is not None
+    assert row_of(db_conn, cleared)["expires_at"] is None
+
+
+def test_purge_deletes_in_batches_up_to_its_limit(
+    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+) -> None:
+    for _ in range(7):
+        _dead(insert, db_now, "rejected")
+    assert purge_dead_letters(db_conn, DeadLetterFilter(limit=5), batch_size=2) == 5
+    assert purge_dead_letters(db_conn, DeadLetterFilter(), batch_size=2) == 2
+    assert statuses(db_conn) == {}
+
+
+def test_prune_deletes_old_sent_rows_and_expired_receipts_only(
+    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+) -> None:
+    old = [insert(status="sent", sent_at=db_now - timedelta(days=8)) for _ in range(5)]
+    recent = insert(status="sent", sent_at=db_now - timedelta(days=1))
+    dead = _dead(insert, db_now, "rejected", age_hours=24 * 30)
+    for key, expired_days_ago in (("a", 10), ("b", 1)):
+        db_conn.execute(
+            "INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id,"
+            " expires_at) VALUES ('s', %s, 'h', %s, now() - make_interval(days => %s))",
+            (key, recent, expired_days_ago),
+        )
+    db_conn.commit()
+    result = prune(db_conn, retention_seconds=7 * 86400, batch_size=2)
+    assert (result.sent, result.receipts) == (5, 1)
+    remaining = {r[0] for r in db_conn.execute("SELECT id FROM leasebox.outbox").fetchall()}
+    assert remaining == {recent, dead}
+    assert not set(old) & remaining
+    keys = db_conn.execute("SELECT idempotency_key FROM leasebox.receipts").fetchall()
+    assert keys == [("b",)]
+
+
+def test_the_dead_letter_commands_list_requeue_and_purge(
+    db_dsn: str,
+    db_conn: psycopg.Connection,
+    insert: Insert,
+    db_now: datetime,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = _dead(insert, db_now, "rejected", age_hours=2)
+    second = _dead(insert, db_now, "expired", kind="invite")
+    assert main(["dead-letters", "list", "--dsn", db_dsn, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [d["id"] for d in listed] == [first, second]
+    assert "recipient" not in listed[0]
+
+    assert main(["dead-letters", "list", "--dsn", db_dsn, "--older-than", "1h"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["ID", "KIND", "REASON"]
+    assert len(table) == 2
+
+    assert main(["dead-letters", "purge", "--dsn", db_dsn, "--kind", "invite"]) == 2
+    assert "purge would delete 1 dead letters for good; pass --yes" in capsys.readouterr().err
+    assert main(["dead-letters", "purge", "--dsn", db_dsn, "--kind", "invite", "--yes"]) == 0
+    assert capsys.readouterr().out.strip() == "purged 1 dead letters"
+
+    assert main(["dead-letters", "requeue", "--dsn", db_dsn, "--id", str(first), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"requeued": [first]}
+    assert statuses(db_conn) == {"pending": 1}
+
+
+def test_the_prune_command_reports_what_it_deleted(
+    db_dsn: str, insert: Insert, db_now: datetime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    insert(status="sent", sent_at=db_now - timedelta(days=2))
+    assert main(["prune", "--dsn", db_dsn, "--retention", "1d", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"sent": 1, "receipts": 0}
+    assert main(["prune", "--dsn", db_dsn, "--retention", "forever"]) == 2
+    assert "invalid duration 'forever'" in capsys.readouterr().err

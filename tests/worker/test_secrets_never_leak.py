@@ -1,0 +1,157 @@
+"""A full worker run leaves no OTP code, secret or password in any log line or metric.
+
+A real worker process sends real OTPs over SMTP (with credentials) from an outbox whose
+secrets are encrypted, through every path that logs: success, a transient failure and its
+retry, a permanent rejection, debug level on. Everything it printed and every metric it
+exported is then searched for each sensitive value.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
+from psycopg import conninfo
+from psycopg.types.json import Jsonb
+from worker_testing import statuses
+
+from leasebox.embedded import free_port
+from leasebox.payload_crypto import PayloadCipher, generate_key
+
+SMTP_PASSWORD = "smtp-pw-" + secrets.token_hex(6)
+DSN_PASSWORD = "dsn-pw-" + secrets.token_hex(6)
+SECRET_NAME = "Zebulon-" + secrets.token_hex(4)
+REJECTED = "gone@example.com"
+FLAKY = "flaky@example.com"
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.flaky_left = 1
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
+        if address == REJECTED:
+            return f"550 5.1.1 <{address}>: no such user"
+        if address == FLAKY and self.flaky_left:
+            self.flaky_left -= 1
+            return "451 4.3.0 try again later"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.bodies.append(envelope.content)
+        return "250 OK"
+
+
+def authenticate(
+    server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any
+) -> AuthResult:
+    ok = isinstance(auth_data, LoginPassword) and auth_data.password == SMTP_PASSWORD.encode()
+    return AuthResult(success=ok, handled=False)
+
+
+@pytest.fixture
+def smtp() -> Iterator[tuple[int, Handler]]:
+    handler = Handler()
+    port = free_port()
+    controller = Controller(
+        handler, hostname="127.0.0.1", port=port, authenticator=authenticate, auth_require_tls=False
+    )
+    controller.start()
+    yield port, handler
+    controller.stop()
+
+
+def _with_password(dsn: str) -> str:
+    params = conninfo.conninfo_to_dict(dsn)
+    params["password"] = DSN_PASSWORD  # ignored by trust authentication, present everywhere
+    return conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
+
+
+def test_no_code_secret_or_password_reaches_logs_or_metrics(
+    db_dsn: str, db_conn: psycopg.Connection, smtp: tuple[int, Handler]
+) -> None:
+    port, handler = smtp
+    key = generate_key()
+    cipher = PayloadCipher([key])
+    codes = [f"C{secrets.token_hex(5)}" for _ in range(12)]
+    recipients = [REJECTED, FLAKY, *(f"user{i}@example.com" for i in range(10))]
+    for i, (code, recipient) in enumerate(zip(codes, recipients, strict=True)):
+        db_conn.execute(
+            "INSERT INTO leasebox.outbox (kind, aggregate_id, recipient, template, data, secrets,"
+            " delivery_key) VALUES ('otp', %s, %s, 'otp', %s, %s, %s)",
+            (
+                f"user-{i}",
+                recipient,
+                Jsonb({"name": SECRET_NAME, "minutes_valid": 5}),
+                cipher.seal({"code": code}),
+                f"otp:leak-test-{i}",
+            ),
+        )
+    db_conn.commit()
+    metrics_port = free_port()
+    env = {
+        **os.environ,
+        "LEASEBOX_DSN": _with_password(db_dsn),
+        "LEASEBOX_PROVIDER_URL": f"smtp://mailer:{SMTP_PASSWORD}@127.0.0.1:{port}?starttls=false",
+        "LEASEBOX_PAYLOAD_KEYS": key,
+        "LEASEBOX_LOG_LEVEL": "debug",
+        "LEASEBOX_LOG_FORMAT": "json",
+        "LEASEBOX_METRICS_PORT": str(metrics_port),
+        "LEASEBOX_METRICS_HOST": "127.0.0.1",
+        "LEASEBOX_BACKOFF_BASE": "0.05",
+        "LEASEBOX_BACKOFF_MAX": "0.05",
+        "LEASEBOX_POLL_INTERVAL": "0.05",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "leasebox.cli", "worker"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    scraped = []
+    try:
+        deadline = time.monotonic() + 60
+        while statuses(db_conn) != {"sent": 11, "dead": 1}:
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, statuses(db_conn)
+            time.sleep(0.05)
+        for path in ("metrics", "readyz", "healthz"):
+            url = f"http://127.0.0.1:{metrics_port}/{path}"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                scraped.append(response.read().decode())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    # The run did take every logging path, and the codes really went out.
+    assert 'leasebox_retries_total{error_class="smtp_451",kind="otp"} 1.0' in scraped[0]
+    assert 'leasebox_dead_letters_total{kind="otp",reason="rejected"} 1.0' in scraped[0]
+    assert '"message":"sent"' in err
+    delivered = b"".join(handler.bodies)
+    assert all(code.encode() in delivered for code in codes[1:])
+    assert SECRET_NAME.encode() in delivered
+    everything = "\n".join([out, err, *scraped])
+    sensitive = [*codes, SMTP_PASSWORD, DSN_PASSWORD, key, SECRET_NAME]
+    leaked = [value for value in sensitive if value in everything]
+    assert leaked == []
+    stored_errors = db_conn.execute(
+        "SELECT string_agg(coalesce(last_error, ''), ' ') FROM leasebox.outbox"
+    ).fetchone()
+    assert stored_errors is not None
+    assert not [value for value in sensitive if value in (stored_errors[0] or "")]

@@ -1,0 +1,323 @@
+"""`leasebox worker` from the command line: bad input is one line and exit 2; good input runs.
+
+Start-up failures happen before anything is claimed, so each test also checks that no row
+changed state.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
+from worker_testing import Insert, statuses
+
+from leasebox.cli import main
+from leasebox.embedded import free_port
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    code = main(["worker", *args])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("LEASEBOX_") or name == "DATABASE_URL":
+            monkeypatch.delenv(name)
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--provider", "mailgun"], "provider URL must start with a scheme"),
+        (["--provider", "carrier-pigeon://coop"], "unknown provider scheme"),
+        (["--provider", "smtp://mail:notaport"], "host or port cannot be read"),
+        (["--provider", "null://", "--kinds", "otp,Invite"], "--kinds: invalid kind 'Invite'"),
+        (["--provider", "null://", "--kinds", ","], "at least one message kind"),
+        (["--provider", "null://", "--concurrency", "many"], "--concurrency must be a whole"),
+        (["--provider", "null://", "--lease-seconds", "0"], "lease must be at least 1"),
+        (["--provider", "null://", "--log-format", "xml"], "log format must be one of"),
+        (["--provider", "null://", "--metrics-port", "70000"], "metrics port must be 0 to"),
+        (["--provider", "null://", "--templates", "/no/such/dir"], "templates directory"),
+        ([], "no provider given"),
+    ],
+)
+def test_bad_settings_are_one_line_and_exit_2(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, lines = run_cli(["--dsn", "postgresql://nobody@127.0.0.1:1/none", *args], capsys)
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("leasebox worker: error: ")
+    assert expected in lines[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_settings_come_from_the_environment_and_name_it_when_bad(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LEASEBOX_PROVIDER_URL", "null://")
+    monkeypatch.setenv("LEASEBOX_KINDS", "otp")
+    monkeypatch.setenv("LEASEBOX_MAX_ATTEMPTS", "eight")
+    code, lines = run_cli(["--dsn", "postgresql://nobody@127.0.0.1:1/none"], capsys)
+    assert (code, len(lines)) == (2, 1)
+    assert "LEASEBOX_MAX_ATTEMPTS must be a whole number" in lines[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_unusable_payload_keys_are_one_line_without_the_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LEASEBOX_PAYLOAD_KEYS", "not-a-fernet-key-Xy7")
+    code, lines = run_cli(
+        ["--dsn", "postgresql://nobody@127.0.0.1:1/none", "--provider", "null://"], capsys
+    )
+    assert (code, len(lines)) == (2, 1)
+    assert "LEASEBOX_PAYLOAD_KEYS must be comma-separated Fernet keys" in lines[0]
+    assert "Xy7" not in lines[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_an_unreachable_database_is_one_line_without_the_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dsn = f"postgresql://leasebox:pw-Zq81x@127.0.0.1:{free_port()}/app"
+    code, lines = run_cli(["--dsn", dsn, "--provider", "null://"], capsys)
+    assert (code, len(lines)) == (2, 1)
+    assert "cannot connect to PostgreSQL at 127.0.0.1" in lines[0]
+    assert "pw-Zq81x" not in lines[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_an_unmigrated_database_is_one_line(
+    empty_db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, lines = run_cli(["--dsn", empty_db_dsn, "--provider", "null://"], capsys)
+    assert (code, len(lines)) == (2, 1)
+    assert "is not migrated" in lines[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_an_unreachable_smtp_host_stops_start_up_before_any_claim(
+    db_dsn: str, insert: Insert, db_conn: psycopg.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
+    insert()
+    provider = f"smtp://127.0.0.1:{free_port()}?timeout=2"
+    code, lines = run_cli(["--dsn", db_dsn, "--provider", provider, "--drain"], capsys)
+    assert (code, len(lines)) == (2, 1)
+    assert "cannot start the smtp provider" in lines[0]
+    assert "unreachable" in lines[0]
+    assert statuses(db_conn) == {"pending": 1}
+
+
+class _Authenticator:
+    def __call__(
+        self, server: object, session: object, envelope: object, mechanism: str, auth_data: object
+    ) -> AuthResult:
+        del server, session, envelope, mechanism
+        ok = isinstance(auth_data, LoginPassword) and auth_data.password == b"right-pw"
+        return AuthResult(success=ok, handled=False)
+
+
+class _Sink:
+    async def handle_DATA(self, server: object, session: object, envelope: object) -> str:
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_with_auth() -> Iterator[int]:
+    port = free_port()
+    controller = Controller(
+        _Sink(),
+        hostname="127.0.0.1",
+        port=port,
+        authenticator=_Authenticator(),
+        auth_require_tls=False,
+    )
+    controller.start()
+    yield port
+    controller.stop()
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_bad_smtp_credentials_stop_start_up_without_showing_the_password(
+    db_dsn: str,
+    insert: Insert,
+    db_conn: psycopg.Connection,
+    smtp_with_auth: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    insert()
+    provider = f"smtp://mailer:wrong-pw-77@127.0.0.1:{smtp_with_auth}?starttls=false"
+    code, lines = run_cli(["--dsn", db_dsn, "--provider", provider, "--drain"], capsys)
+    assert (code, len(lines)) == (2, 1)
+    assert "rejected the credentials" in lines[0]
+    assert "wrong-pw-77" not in lines[0]
+    assert statuses(db_conn) == {"pending": 1}
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_a_busy_metrics_port_is_one_line(db_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, lines = run_cli(
+            [
+                "--dsn",
+                db_dsn,
+                "--provider",
+                "null://",
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(port),
+            ],
+            capsys,
+        )
+    assert (code, len(lines)) == (2, 1)
+    assert f"cannot serve metrics on port {port}" in lines[0]
+
+
+def _worker_process(
+    db_dsn: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "leasebox.cli", "worker", "--dsn", db_dsn, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LEASEBOX_LOG_FORMAT": "json", **(env or {})},
+    )
+
+
+def test_a_worker_process_drains_and_exits_0(
+    db_dsn: str, insert: Insert, db_conn: psycopg.Connection
+) -> None:
+    for _ in range(20):
+        insert()
+    process = _worker_process(db_dsn, "--provider", "log://", "--drain", "--metrics-port", "0")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert statuses(db_conn) == {"sent": 20}
+    assert out.count("leasebox log provider: accepted") == 20
+
+
+def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(
+    db_dsn: str, insert: Insert, db_conn: psycopg.Connection
+) -> None:
+    insert()
+    port = free_port()
+    process = _worker_process(
+        db_dsn,
+        "--provider",
+        "null://",
+        "--metrics-host",
+        "127.0.0.1",
+        "--metrics-port",
+        str(port),
+        "--poll-interval",
+        "0.1",
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        metrics = _get_when_up(f"{base}/metrics", process)
+        assert "leasebox_claimed_total" in metrics
+        assert _get_when_up(f"{base}/healthz", process) == "ok\n"
+        assert _get_when_up(f"{base}/readyz", process) == "ready\n"
+        _wait_for(lambda: statuses(db_conn) == {"sent": 1}, process)
+        assert 'leasebox_sent_total{kind="otp"} 1.0' in _get_when_up(f"{base}/metrics", process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert '"message":"worker stopped"' in err
+
+
+def _get_when_up(url: str, process: subprocess.Popen[str], within: float = 30) -> str:
+    """GET `url` once the server answers (the worker process must stay alive meanwhile)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+                return str(response.read().decode())
+        except OSError:
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, f"{url} did not answer in time"
+            time.sleep(0.05)
+
+
+def _wait_for(
+    condition: Callable[[], bool], process: subprocess.Popen[str], within: float = 30
+) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_every_setting_can_come_from_a_leasebox_variable_and_a_flag_wins() -> None:
+    from leasebox.cli import build_parser
+    from leasebox.commands.worker import process_config
+
+    environ = {
+        "LEASEBOX_DSN": "postgresql://app@db/app",
+        "LEASEBOX_PROVIDER_URL": "log://",
+        "LEASEBOX_KINDS": "otp,invite",
+        "LEASEBOX_SCHEMA": "mail",
+        "LEASEBOX_CONCURRENCY": "8",
+        "LEASEBOX_BATCH_SIZE": "5",
+        "LEASEBOX_LEASE_SECONDS": "20",
+        "LEASEBOX_GRACE": "3",
+        "LEASEBOX_POLL_INTERVAL": "0.5",
+        "LEASEBOX_NO_LISTEN": "true",
+        "LEASEBOX_DRAIN": "1",
+        "LEASEBOX_MAX_ATTEMPTS": "5",
+        "LEASEBOX_BACKOFF_BASE": "1",
+        "LEASEBOX_BACKOFF_MAX": "60",
+        "LEASEBOX_METRICS_PORT": "0",
+        "LEASEBOX_WORKER_ID": "pod-a",
+        "LEASEBOX_TEMPLATES": "/etc/leasebox/templates",
+    }
+    args = build_parser().parse_args(["worker", "--concurrency", "12"])
+    config = process_config(args, environ)
+    s = config.settings
+    assert (s.kinds, s.schema, s.concurrency, s.batch_size) == (("otp", "invite"), "mail", 12, 5)
+    assert (s.lease_seconds, s.grace_seconds, s.poll_interval) == (20, 3, 0.5)
+    assert (s.listen, s.drain, s.max_attempts, s.worker_id) == (False, True, 5, "pod-a")
+    assert (s.backoff_base, s.backoff_max) == (1, 60)
+    assert (config.dsn, config.provider_url, config.metrics_port) == (
+        "postgresql://app@db/app",
+        "log://",
+        0,
+    )
+    assert str(config.templates_dir) == "/etc/leasebox/templates"
+
+
+def test_the_defaults_match_the_documented_ones() -> None:
+    from leasebox.cli import build_parser
+    from leasebox.commands.worker import process_config
+
+    args = build_parser().parse_args(["worker"])
+    config = process_config(
+        args, {"LEASEBOX_DSN": "postgresql://db/app", "LEASEBOX_PROVIDER_URL": "null://"}
+    )
+    s = config.settings
+    assert s.kinds == ("otp", "verification", "password_reset", "invite")
+    assert (s.concurrency, s.batch_size, s.lease_seconds, s.poll_interval) == (32, 32, 45, 1)
+    assert (s.grace_seconds, s.max_attempts, s.backoff_base, s.backoff_max) == (30, 8, 2, 300)
+    assert (s.listen, s.drain, s.schema, config.metrics_port) == (True, False, "leasebox", 9108)
