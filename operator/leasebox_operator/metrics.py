@@ -122,6 +122,8 @@ class OperatorMetrics:
         self.min_replicas.labels(namespace, pool).set(min_replicas)
         self.max_replicas.labels(namespace, pool).set(max_replicas)
         self.paused.labels(namespace, pool).set(1 if paused else 0)
+        # A counter exists from 0 so that the first error shows up in rate() and increase().
+        self.poll_errors.labels(namespace, pool)
 
     def observe_backlog(
         self, namespace: str, pool: str, backlog: Backlog, *, arrival_per_second: float

@@ -11,44 +11,17 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from prometheus_client import generate_latest
 
+from monitoring_sources import RULES_FILE, alert_expressions, alerts, exported_series, load_rules
+
 ROOT = Path(__file__).resolve().parents[2]
-RULES_FILE = ROOT / "charts" / "leasebox" / "files" / "alerts" / "leasebox-rules.yaml"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 PROMTOOL_TESTS = sorted((Path(__file__).parent / "promtool").glob("*.yaml"))
 RUNBOOK_BASE = "https://github.com/leasebox/leasebox/blob/main/docs/runbooks.md"
-
-
-def exported_series() -> set[str]:
-    """Every series name the worker and the operator export, as Prometheus stores them."""
-    from leasebox.metrics import WorkerMetrics
-    from leasebox_operator.metrics import OperatorMetrics
-
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
-    names: set[str] = set()
-    for registry in (WorkerMetrics().registry, OperatorMetrics().registry):
-        for family in registry.collect():
-            names |= {family.name + suffix for suffix in suffixes.get(family.type, ("",))}
-    return names
-
-
-def load_rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
-    return [rule for group in groups for rule in group["rules"]]
-
-
-def alerts() -> list[dict[str, Any]]:
-    return [rule for rule in load_rules() if "alert" in rule]
-
-
-def alert_expressions() -> dict[str, str]:
-    """Alert name to PromQL expression, straight from the rules file."""
-    return {rule["alert"]: rule["expr"] for rule in alerts()}
 
 
 def promtool() -> str:

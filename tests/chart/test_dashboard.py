@@ -6,51 +6,23 @@ variables replaced by real values.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from test_alert_rules import exported_series
+
+from monitoring_sources import (
+    dashboard_expressions,
+    exported_series,
+    load_dashboard,
+    panels,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD_FILE = ROOT / "charts" / "leasebox" / "files" / "dashboards" / "leasebox-pool.json"
-DEFAULT_VARIABLES = {"namespace": "mail", "pool": "otp", "__rate_interval": "1m"}
-
-
-def load_dashboard() -> dict[str, Any]:
-    dashboard: dict[str, Any] = json.loads(DASHBOARD_FILE.read_text())
-    return dashboard
-
-
-def panels() -> list[dict[str, Any]]:
-    return [p for p in load_dashboard()["panels"] if p["type"] != "row"]
-
-
-def substitute(expr: str, variables: dict[str, str]) -> str:
-    """Replace Grafana's `$name` and `${name}` variables."""
-
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        return variables[name]
-
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
-
-
-def dashboard_expressions(variables: dict[str, str] | None = None) -> dict[str, str]:
-    """`panel title / legend` to PromQL, with the dashboard variables substituted."""
-    variables = {**DEFAULT_VARIABLES, **(variables or {})}
-    found: dict[str, str] = {}
-    for panel in panels():
-        for target in panel["targets"]:
-            key = f"{panel['title']} / {target.get('legendFormat') or target['refId']}"
-            found[key] = substitute(target["expr"], variables)
-    return found
 
 
 def test_the_dashboard_selects_a_pool_within_a_namespace() -> None:

@@ -5,11 +5,15 @@ workers in one interpreter without collisions, and `/metrics` shows exactly thes
 Labels are low-cardinality on purpose: kinds, dead-letter reasons and short error codes;
 never a recipient, an id or anything from a message.
 
-The delivery-latency buckets are part of the alerting contract: the SLA alert rules read the
-`le="60"` bucket, so the boundaries below change only together with the chart's rules.
+The delivery-latency buckets are part of the alerting contract: the SLO alert rules read the
+60-second bucket (exposed as `le="60.0"`), so the boundaries below change only together with
+the chart's rules. Series for the worker's kinds exist from zero (`start_series`) so that the
+first dead letter or lost lease already shows up in `increase()`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -85,6 +89,17 @@ class WorkerMetrics:
         self.inflight = Gauge(
             "leasebox_inflight_sends", "Sends currently waiting on the provider.", registry=r
         )
+
+    def start_series(self, kinds: Iterable[str], dead_reasons: Iterable[str]) -> None:
+        """Create every per-kind series at zero before the first event."""
+        reasons = tuple(dead_reasons)
+        for kind in kinds:
+            for metric in (self.claimed, self.sent, self.lease_lost, self.leases_reclaimed):
+                metric.labels(kind)
+            self.send_duration.labels(kind)
+            self.delivery_latency.labels(kind)
+            for reason in reasons:
+                self.dead_letters.labels(kind, reason)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""

@@ -37,6 +37,7 @@ from leasebox.payload_crypto import PayloadCipher, default_cipher
 from leasebox.providers.base import Email, Provider
 from leasebox.rendering import RenderedEmail
 from leasebox.retrying import (
+    DEAD_REASONS,
     REASON_ATTEMPTS_EXHAUSTED,
     REASON_EXPIRED,
     Failure,
@@ -84,6 +85,7 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.metrics = metrics or WorkerMetrics()
+        self.metrics.start_series(settings.kinds, DEAD_REASONS)
         self._pool = pool
         self._provider = provider
         self._renderer = renderer
