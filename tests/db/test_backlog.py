@@ -118,6 +118,8 @@ def test_the_backlog_query_is_served_by_partial_indexes(seeded: psycopg.Connecti
 
 
 def test_reclaiming_expired_leases_uses_the_lease_index(seeded: psycopg.Connection[Any]) -> None:
-    plan = plan_of(seeded, "reclaim_expired_leases", {"now": None, "limit": 100})
+    plan = plan_of(
+        seeded, "reclaim_expired_leases", {"now": None, "limit": 100, "default_max_attempts": 8}
+    )
     assert "outbox_leases_idx" in plan
     assert "Seq Scan" not in plan

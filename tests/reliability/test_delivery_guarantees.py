@@ -152,8 +152,9 @@ def test_workers_reconnect_after_a_database_restart_and_lose_nothing(
     assert_each_delivered_with_its_own_message_id(sink, keys)
     extra = report("database restart", sink)
     assert extra <= 2 * CAPACITY
-    # Each worker went through the outage (and survived it: `stop_all` saw exit code 0).
-    assert all("AdminShutdown" in w.log() for w in workers.started)
+    # The outage reached the workers (a worker whose connections were all idle may notice it
+    # only as a silent pool reconnect), and they survived it: `stop_all` saw exit code 0.
+    assert any("AdminShutdown" in w.log() for w in workers.started)
 
 
 def _safe(dsn: str) -> object:

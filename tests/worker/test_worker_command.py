@@ -252,7 +252,7 @@ def _get_when_up(url: str, process: subprocess.Popen[str], within: float = 30) -
     deadline = time.monotonic() + within
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+            with urllib.request.urlopen(url, timeout=2) as response:
                 return str(response.read().decode())
         except OSError:
             assert process.poll() is None, process.communicate()[1]

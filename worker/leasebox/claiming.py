@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 
 from leasebox.queries import DEFAULT_SCHEMA, query
+from leasebox.retrying import DEFAULT_MAX_ATTEMPTS
 
 Connection = psycopg.AsyncConnection[Any]
 
@@ -38,7 +39,7 @@ class ClaimedMessage:
     secrets: bytes | None = field(repr=False)
     delivery_key: str
     attempts: int
-    max_attempts: int
+    max_attempts: int | None
     expires_at: datetime | None
     lease_token: uuid.UUID
     lease_expires_at: datetime
@@ -220,12 +221,17 @@ async def reclaim_expired_leases(
     conn: Connection,
     *,
     limit: int = 500,
+    default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
 ) -> list[Reclaimed]:
-    """Take back rows whose lease ran out (their worker died or stalled)."""
+    """Take back rows whose lease ran out (their worker died or stalled).
+
+    Rows out of attempts (their own limit, else `default_max_attempts`) become dead letters.
+    """
+    params = {"limit": limit, "now": now, "default_max_attempts": default_max_attempts}
     async with conn.cursor() as cur:
-        await cur.execute(query("reclaim_expired_leases", schema), {"limit": limit, "now": now})
+        await cur.execute(query("reclaim_expired_leases", schema), params)
         rows = await cur.fetchall()
     return [Reclaimed(int(row[0]), row[1], row[2]) for row in rows]
 

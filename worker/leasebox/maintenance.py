@@ -61,7 +61,7 @@ class DeadLetter:
     aggregate_id: str | None
     delivery_key: str
     attempts: int
-    max_attempts: int
+    max_attempts: int | None
     dead_reason: str | None
     last_error_class: str | None
     last_error: str | None

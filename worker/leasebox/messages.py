@@ -58,7 +58,9 @@ class OutboxMessage(BaseModel):
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     delivery_key: str | None = Field(default=None, min_length=1, max_length=200)
     expires_at: datetime | None = None
-    max_attempts: int = Field(default=8, ge=1, le=100)
+    max_attempts: int | None = Field(
+        default=None, ge=1, le=100, description="None: the worker's limit (default 8)"
+    )
     available_at: datetime | None = None
 
     @field_validator("data")

@@ -53,6 +53,7 @@ def _environment(loader: jinja2.BaseLoader, *, autoescape: bool) -> jinja2.Envir
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        auto_reload=False,
     )
 
 

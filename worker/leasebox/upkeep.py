@@ -105,7 +105,11 @@ async def sweep(
     while True:
         async with asyncio.timeout(STATEMENT_TIMEOUT), pool.connection() as conn:
             reclaimed = await claiming.reclaim_expired_leases(
-                conn, limit=SWEEP_LIMIT, schema=settings.schema, now=clock()
+                conn,
+                limit=SWEEP_LIMIT,
+                default_max_attempts=settings.max_attempts,
+                schema=settings.schema,
+                now=clock(),
             )
             expired = await claiming.dead_letter_expired(
                 conn, limit=SWEEP_LIMIT, schema=settings.schema, now=clock()

@@ -43,7 +43,9 @@ def register(subparsers: Any) -> None:
     enqueue.add_argument("--idempotency-key", help="makes a retried request the same send")
     enqueue.add_argument("--scope", help="namespace of the idempotency key (default: default)")
     enqueue.add_argument("--ttl", type=float, help="seconds after which it is never sent")
-    enqueue.add_argument("--max-attempts", type=int, default=8, help="default: 8")
+    enqueue.add_argument(
+        "--max-attempts", type=int, help="attempt limit for this message (default: the worker's, 8)"
+    )
     enqueue.add_argument(
         "--json", action="store_true", help="read the message as a JSON object from stdin"
     )

@@ -203,8 +203,10 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.outbox AS o
-SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
-    dead_reason = CASE WHEN o.attempts >= o.max_attempts THEN 'attempts_exhausted' END,
+SET status = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+                  THEN 'dead' ELSE 'pending' END,
+    dead_reason = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+                       THEN 'attempts_exhausted' END,
     available_at = coalesce(%(now)s::timestamptz, now()),
     last_error = 'lease expired while held by ' || coalesce(o.leased_by, 'unknown worker'),
     last_error_class = 'lease_expired',

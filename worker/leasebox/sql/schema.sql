@@ -15,7 +15,7 @@ CREATE TABLE {schema}.outbox (
     status text NOT NULL DEFAULT 'pending'
         CHECK (status IN ('pending', 'processing', 'sent', 'dead')),
     attempts integer NOT NULL DEFAULT 0,
-    max_attempts integer NOT NULL DEFAULT 8 CHECK (max_attempts BETWEEN 1 AND 100),
+    max_attempts integer CHECK (max_attempts BETWEEN 1 AND 100),
     available_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz,
     lease_token uuid,
