@@ -220,7 +220,20 @@ def pod_monitor(pool: Pool) -> dict[str, Any]:
             },
             "spec": {
                 "selector": {"matchLabels": selector_labels(pool)},
-                "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics"}],
+                "podMetricsEndpoints": [
+                    {
+                        "port": "metrics",
+                        "path": "/metrics",
+                        # Worker series carry the pool's name, as the pool alerts match on it.
+                        "relabelings": [
+                            {
+                                "sourceLabels": ["__meta_kubernetes_pod_label_leasebox_dev_pool"],
+                                "targetLabel": "pool",
+                                "action": "replace",
+                            }
+                        ],
+                    }
+                ],
             },
         }
     )

@@ -105,6 +105,18 @@ def test_prometheus_rule_uses_the_pools_sla_and_only_exported_metric_names() -> 
             assert name in exported, f"{rule['alert']} uses unknown metric {name}"
 
 
+def test_the_pod_monitor_labels_worker_series_with_the_pool() -> None:
+    pool = _pool()
+    endpoint = children.pod_monitor(pool)["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["relabelings"] == [{
+        "sourceLabels": ["__meta_kubernetes_pod_label_leasebox_dev_pool"],
+        "targetLabel": "pool",
+        "action": "replace",
+    }]  # fmt: skip
+    template = children.deployment(pool, image=IMAGE, replicas=1)["spec"]["template"]
+    assert template["metadata"]["labels"]["leasebox.dev/pool"] == pool.name
+
+
 def test_monitoring_labels_reach_pod_monitor_and_rule() -> None:
     pool = _pool(monitoring={"podMonitor": True, "labels": {"release": "prom"}})
     assert children.pod_monitor(pool)["metadata"]["labels"]["release"] == "prom"
