@@ -58,7 +58,8 @@ crds: install ## regenerate crds/ and the chart's copy from the pydantic models
 	$(BIN)/leasebox crd > crds/outboxworkerpools.leasebox.dev.yaml
 	cp crds/outboxworkerpools.leasebox.dev.yaml charts/leasebox/files/crds/
 
-bench: install ## benchmarks side by side with the peers (writes bench/results.json)
+bench: install ## benchmarks side by side with the peers (bench/results/latest.json, figures in bench/README.md)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(BIN)/python -m bench.run
 
 clean: ## remove build output and the virtual environment

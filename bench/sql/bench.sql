@@ -1,0 +1,114 @@
+-- Named statements of the benchmarks (`-- name: <name>` starts one), in the format of
+-- leasebox's own queries.sql. `{schema}` is the leasebox schema, quoted as an identifier.
+
+-- name: seed_ready
+-- Ready OTP rows shaped like what `leasebox.enqueue` writes (`secrets` comes sealed from the
+-- producer's cipher), numbered from `first` so that batches never clash.
+INSERT INTO {schema}.outbox (kind, aggregate_id, recipient, template, data, secrets, delivery_key)
+SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
+       jsonb_build_object('i', g, 'name', 'User ' || g, 'minutes_valid', 10),
+       %(secrets)s::bytea, 'otp:bench:' || g
+FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g;
+
+-- name: seed_sent
+-- Sent rows at a steady rate: the newest `offset` seconds ago, the oldest `span` seconds
+-- before that.
+INSERT INTO {schema}.outbox
+    (kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
+     created_at, updated_at, sent_at, provider_message_id)
+SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
+       jsonb_build_object('i', g, 'name', 'User ' || g),
+       'otp:sent:' || g, 'sent', 1,
+       t.at - interval '1 second', t.at, t.at, 'null-' || g
+FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g
+CROSS JOIN LATERAL (
+    SELECT now() - make_interval(secs => %(offset)s::float8
+                                         + %(span)s::float8 * (g - %(first)s::bigint)
+                                           / greatest(%(count)s::bigint, 1)) AS at
+) AS t;
+
+-- name: plain_insert
+-- The enqueue benchmark's yardstick: the same row as `insert_outbox`, with nothing around it.
+INSERT INTO {schema}.outbox
+    (kind, aggregate_id, recipient, template, data, delivery_key, max_attempts)
+VALUES
+    (%(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s, %(data)s, %(delivery_key)s,
+     %(max_attempts)s);
+
+-- name: baseline_claim
+-- The plain baseline's claim: 100 ready rows in one statement, leased the way leasebox leases.
+WITH candidates AS (
+    SELECT id
+    FROM {schema}.outbox
+    WHERE kind = 'otp' AND status = 'pending' AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET status = 'processing',
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + interval '45 seconds',
+    attempts = o.attempts + 1,
+    updated_at = now()
+FROM candidates
+WHERE o.id = candidates.id
+RETURNING o.id, o.lease_token, o.data;
+
+-- name: baseline_mark_sent
+-- The plain baseline's completion: every claimed row in one statement, guarded by its lease.
+UPDATE {schema}.outbox AS o
+SET status = 'sent',
+    sent_at = now(),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing';
+
+-- name: outbox_accounting
+-- Exactly-once evidence from the table: attempts are counted at claim, so a row sent once
+-- and claimed once has attempts = 1.
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE status = 'sent') AS sent,
+       count(*) FILTER (WHERE status = 'sent' AND attempts = 1) AS sent_claimed_once,
+       count(*) FILTER (WHERE attempts > 1) AS claimed_more_than_once,
+       count(*) FILTER (WHERE status IN ('pending', 'processing')) AS unfinished,
+       count(*) FILTER (WHERE status = 'dead') AS dead
+FROM {schema}.outbox;
+
+-- name: latency_stats
+-- Enqueue-to-sent latency of the rows created at or after `since`, in milliseconds.
+SELECT count(*) FILTER (WHERE status = 'sent') AS sent,
+       count(*) AS total,
+       percentile_cont(0.5) WITHIN GROUP (
+           ORDER BY extract(epoch FROM sent_at - created_at) * 1000) AS p50_ms,
+       percentile_cont(0.99) WITHIN GROUP (
+           ORDER BY extract(epoch FROM sent_at - created_at) * 1000) AS p99_ms,
+       max(extract(epoch FROM sent_at - created_at) * 1000) AS max_ms
+FROM {schema}.outbox
+WHERE created_at >= %(since)s;
+
+-- name: unfinished_since
+SELECT count(*) FROM {schema}.outbox
+WHERE created_at >= %(since)s AND status IN ('pending', 'processing');
+
+-- name: pgqueuer_left
+-- PgQueuer deletes a job from its queue table once it is done.
+SELECT count(*) AS left_over FROM pgqueuer;
+
+-- name: procrastinate_accounting
+SELECT count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE attempts > 1) AS retried,
+       count(*) AS total
+FROM procrastinate_jobs;
+
+-- name: pgboss_accounting
+SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
+       count(*) FILTER (WHERE retry_count > 0) AS retried,
+       count(*) AS total
+FROM pgboss.job WHERE name = 'otp';
+
+-- name: graphile_left
+-- graphile-worker deletes a job once it succeeds.
+SELECT count(*) AS left_over FROM graphile_worker._private_jobs;

@@ -1,0 +1,321 @@
+"""The systems the drain benchmark compares, each with its settings, version and checks.
+
+A system knows how to seed N jobs into a fresh database (not timed), which command starts
+one of its worker processes, and how to prove afterwards that every job ran exactly once:
+from its own table where it keeps finished jobs, and from the payload numbers its handlers
+recorded where it does not. leasebox and the plain baseline share leasebox's outbox table,
+where attempts are counted at claim, so `attempts = 1` on every sent row is the proof.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import node_peers
+from bench.accounting import Accounting, account_ids, account_table, combine
+from bench.sqlfiles import bench_query
+from leasebox.payload_crypto import default_cipher
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_CHUNK = 50_000
+
+
+def python_module(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
+def leasebox_command() -> list[str]:
+    script = Path(sys.executable).parent / "leasebox"
+    return [str(script)] if script.exists() else [shutil.which("leasebox") or "leasebox"]
+
+
+def leasebox_worker_ready() -> bool:
+    """Whether this leasebox has its worker command yet."""
+    result = subprocess.run(
+        [*leasebox_command(), "worker", "--help"], capture_output=True, check=False, cwd=ROOT
+    )
+    return result.returncode == 0
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+@dataclass(frozen=True)
+class DrainSystem:
+    """One queue implementation as the drain benchmark drives it."""
+
+    name: str
+    label: str
+    version: str
+    settings: dict[str, Any]
+    needs_leasebox_schema: bool
+    seed: Callable[[str, int], None]
+    worker_command: Callable[[str, Path], list[str]]
+    verify: Callable[[str, int, list[Path]], Accounting]
+    records_ids: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _run_seed(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"seeding failed: {' | '.join(tail)}")
+
+
+def seed_outbox(dsn: str, rows: int) -> None:
+    """Ready OTP rows in leasebox's outbox, as `leasebox.enqueue` would write them."""
+    secrets = default_cipher().seal({"code": "246810"})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for first in range(0, rows, SEED_CHUNK):
+            count = min(SEED_CHUNK, rows - first)
+            conn.execute(
+                bench_query("seed_ready"), {"first": first, "count": count, "secrets": secrets}
+            )
+
+
+def verify_outbox(dsn: str, rows: int, _: list[Path]) -> Accounting:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(bench_query("outbox_accounting")).fetchone()
+    assert row is not None
+    total, sent, once, more, unfinished, dead = (int(v) for v in row)
+    note = f"{sent} sent, {unfinished} unfinished, {dead} dead"
+    return account_table(rows, total, once, more, note)
+
+
+def read_ids(files: list[Path]) -> list[int]:
+    seen: list[int] = []
+    for path in files:
+        if path.exists():
+            seen.extend(int(i) for i in json.loads(path.read_text("utf-8")))
+    return seen
+
+
+def _left_over_check(statement: str, what: str) -> Callable[[str, int, list[Path]], Accounting]:
+    def verify(dsn: str, rows: int, files: list[Path]) -> Accounting:
+        with psycopg.connect(dsn) as conn:
+            found = conn.execute(bench_query(statement)).fetchone()
+        left = int(found[0]) if found else -1
+        by_ids = account_ids(rows, read_ids(files), "handler records")
+        table = Accounting(rows, rows - left, left, 0, 0, f"{left} {what} left in its table")
+        return combine(by_ids, table)
+
+    return verify
+
+
+def _status_check(statement: str) -> Callable[[str, int, list[Path]], Accounting]:
+    def verify(dsn: str, rows: int, files: list[Path]) -> Accounting:
+        with psycopg.connect(dsn) as conn:
+            found = conn.execute(bench_query(statement)).fetchone()
+        assert found is not None
+        done, retried, total = (int(v) for v in found)
+        by_ids = account_ids(rows, read_ids(files), "handler records")
+        note = f"{done} completed, {retried} retried, {total} in its table"
+        table = Accounting(rows, done, rows - done, retried, max(total - rows, 0), note)
+        return combine(by_ids, table)
+
+    return verify
+
+
+def leasebox_system(extra_args: list[str] | None = None) -> DrainSystem:
+    extra = list(extra_args or [])
+
+    def command(dsn: str, _: Path) -> list[str]:
+        return [
+            *leasebox_command(),
+            "worker",
+            "--drain",
+            "--provider",
+            "null://",
+            "--kinds",
+            "otp",
+            "--dsn",
+            dsn,
+            "--metrics-port",
+            "0",
+            *extra,
+        ]
+
+    return DrainSystem(
+        name="leasebox",
+        label="leasebox",
+        version=_version("leasebox"),
+        settings={
+            "command": "leasebox worker --drain --provider null://",
+            "flags": extra or "defaults",
+        },
+        needs_leasebox_schema=True,
+        seed=seed_outbox,
+        worker_command=command,
+        verify=verify_outbox,
+    )
+
+
+def plain_system() -> DrainSystem:
+    def command(dsn: str, _: Path) -> list[str]:
+        return [*python_module("bench.plain_worker"), "work", "--dsn", dsn, "--batch-size", "100"]
+
+    return DrainSystem(
+        name="plain-psycopg",
+        label="plain",
+        version=f"psycopg {_version('psycopg')}",
+        settings={
+            "claim": "one UPDATE ... FOR UPDATE SKIP LOCKED of 100 rows",
+            "complete": "one UPDATE of the batch",
+            "connection": "sync, autocommit",
+        },
+        needs_leasebox_schema=True,
+        seed=seed_outbox,
+        worker_command=command,
+        verify=verify_outbox,
+    )
+
+
+def pgqueuer_system() -> DrainSystem:
+    from bench.peer_pgqueuer import SETTINGS
+
+    def command(dsn: str, ids: Path) -> list[str]:
+        return [
+            *python_module("bench.peer_pgqueuer"),
+            "work",
+            "--dsn",
+            dsn,
+            "--ids-file",
+            str(ids),
+            "--batch-size",
+            "100",
+        ]
+
+    def seed(dsn: str, rows: int) -> None:
+        _run_seed(
+            [*python_module("bench.peer_pgqueuer"), "seed", "--dsn", dsn, "--rows", str(rows)]
+        )
+
+    return DrainSystem(
+        name="PgQueuer",
+        label="pgqueuer",
+        version=_version("pgqueuer"),
+        settings=SETTINGS,
+        needs_leasebox_schema=False,
+        seed=seed,
+        worker_command=command,
+        verify=_left_over_check("pgqueuer_left", "jobs"),
+        records_ids=True,
+    )
+
+
+def procrastinate_system() -> DrainSystem:
+    from bench.peer_procrastinate import SETTINGS
+
+    def command(dsn: str, ids: Path) -> list[str]:
+        return [
+            *python_module("bench.peer_procrastinate"),
+            "work",
+            "--dsn",
+            dsn,
+            "--ids-file",
+            str(ids),
+        ]
+
+    def seed(dsn: str, rows: int) -> None:
+        _run_seed(
+            [*python_module("bench.peer_procrastinate"), "seed", "--dsn", dsn, "--rows", str(rows)]
+        )
+
+    return DrainSystem(
+        name="Procrastinate",
+        label="procrastinate",
+        version=_version("procrastinate"),
+        settings=SETTINGS,
+        needs_leasebox_schema=False,
+        seed=seed,
+        worker_command=command,
+        verify=_status_check("procrastinate_accounting"),
+        records_ids=True,
+        notes=["fetches one job per round trip; there is no batch fetch to enable"],
+    )
+
+
+def _node_system(
+    name: str,
+    label: str,
+    package: str,
+    script: str,
+    settings: dict[str, Any],
+    verify: Callable[[str, int, list[Path]], Accounting],
+) -> DrainSystem:
+    node = node_peers.node_binary() or "node"
+    path = str(node_peers.script(script))
+
+    def command(dsn: str, ids: Path) -> list[str]:
+        return [node, path, "work", "--dsn", dsn, "--ids-file", str(ids)]
+
+    def seed(dsn: str, rows: int) -> None:
+        _run_seed([node, path, "seed", "--dsn", dsn, "--rows", str(rows)])
+
+    version = node_peers.installed_version(package) or "not installed"
+    return DrainSystem(
+        name=name,
+        label=label,
+        version=version,
+        settings={**settings, "node": node_peers.node_version()},
+        needs_leasebox_schema=False,
+        seed=seed,
+        worker_command=command,
+        verify=verify,
+        records_ids=True,
+    )
+
+
+def pgboss_system() -> DrainSystem:
+    return _node_system(
+        "pg-boss",
+        "pgboss",
+        "pg-boss",
+        "pgboss.js",
+        {
+            "batchSize": 1000,
+            "pollingIntervalSeconds": 0.5,
+            "work() subscriptions": 2,
+            "pool max": 4,
+            "supervise": False,
+            "drain": "stops when nothing is queued or active",
+        },
+        _status_check("pgboss_accounting"),
+    )
+
+
+def graphile_system() -> DrainSystem:
+    return _node_system(
+        "graphile-worker",
+        "graphile",
+        "graphile-worker",
+        "graphile.js",
+        {"concurrentJobs": 24, "maxPoolSize": 25, "mode": "runOnce", "per-job logging": "off"},
+        _left_over_check("graphile_left", "jobs"),
+    )
+
+
+FACTORIES: dict[str, Callable[[], DrainSystem]] = {
+    "leasebox": leasebox_system,
+    "plain": plain_system,
+    "pgqueuer": pgqueuer_system,
+    "procrastinate": procrastinate_system,
+    "pgboss": pgboss_system,
+    "graphile": graphile_system,
+}
+NODE_SYSTEMS = frozenset({"pgboss", "graphile"})
