@@ -131,8 +131,13 @@ def _status_check(statement: str) -> Callable[[str, int, list[Path]], Accounting
     return verify
 
 
+# Claim as many rows per statement as the plain baseline and PgQueuer do (100); the worker's
+# default batch is its concurrency (32), which keeps fewer rows leased per process.
+LEASEBOX_SHORT_JOB_FLAGS = ("--batch-size", "100")
+
+
 def leasebox_system(extra_args: list[str] | None = None) -> DrainSystem:
-    extra = list(extra_args or [])
+    extra = list(LEASEBOX_SHORT_JOB_FLAGS if extra_args is None else extra_args)
 
     def command(dsn: str, _: Path) -> list[str]:
         return [
@@ -156,7 +161,7 @@ def leasebox_system(extra_args: list[str] | None = None) -> DrainSystem:
         version=_version("leasebox"),
         settings={
             "command": "leasebox worker --drain --provider null://",
-            "flags": extra or "defaults",
+            "flags": " ".join(extra) or "defaults",
         },
         needs_leasebox_schema=True,
         seed=seed_outbox,

@@ -12,7 +12,7 @@ from leasebox.queries import query, query_names, validate_schema_name
 
 def test_every_named_query_composes_for_a_custom_schema() -> None:
     names = query_names()
-    assert {"claim", "mark_sent", "backlog", "insert_outbox"} <= set(names)
+    assert {"claim", "mark_sent", "backlog", "enqueue"} <= set(names)
     for name in names:
         text = query(name, "mail").as_string()
         assert "{schema}" not in text

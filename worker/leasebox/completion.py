@@ -182,8 +182,9 @@ class CompletionBatcher:
             if latency is None:
                 self._lost(outcome, "sent")
             else:
-                self._metrics.sent.labels(message.kind).inc()
-                self._metrics.delivery_latency.labels(message.kind).observe(max(latency, 0.0))
+                series = self._metrics.kind(message.kind)
+                series.sent.inc()
+                series.delivery_latency.observe(max(latency, 0.0))
                 if log.isEnabledFor(logging.DEBUG):
                     assert isinstance(outcome.action, Sent)
                     log.debug(
@@ -235,7 +236,7 @@ class CompletionBatcher:
         log.debug("lease released unsent", extra=message_fields(outcome.message))
 
     def _lost(self, outcome: Outcome, what: str) -> None:
-        self._metrics.lease_lost.labels(outcome.message.kind).inc()
+        self._metrics.kind(outcome.message.kind).lease_lost.inc()
         log.warning(
             "lease lost before the outcome (%s) was recorded; another worker owns the row",
             what,

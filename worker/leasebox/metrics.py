@@ -14,6 +14,8 @@ first dead letter or lost lease already shows up in `increase()`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -31,6 +33,18 @@ METRIC_NAMES = (
     "leasebox_delivery_latency_seconds",
     "leasebox_inflight_sends",
 )
+
+
+@dataclass(frozen=True)
+class KindSeries:
+    """The per-kind children of the hot-path metrics, resolved once (labels() is not free)."""
+
+    claimed: Any
+    sent: Any
+    lease_lost: Any
+    leases_reclaimed: Any
+    send_duration: Any
+    delivery_latency: Any
 
 
 class WorkerMetrics:
@@ -89,15 +103,27 @@ class WorkerMetrics:
         self.inflight = Gauge(
             "leasebox_inflight_sends", "Sends currently waiting on the provider.", registry=r
         )
+        self._kinds: dict[str, KindSeries] = {}
+
+    def kind(self, kind: str) -> KindSeries:
+        """The hot-path series of one kind (created at zero on first use)."""
+        found = self._kinds.get(kind)
+        if found is None:
+            found = self._kinds[kind] = KindSeries(
+                claimed=self.claimed.labels(kind),
+                sent=self.sent.labels(kind),
+                lease_lost=self.lease_lost.labels(kind),
+                leases_reclaimed=self.leases_reclaimed.labels(kind),
+                send_duration=self.send_duration.labels(kind),
+                delivery_latency=self.delivery_latency.labels(kind),
+            )
+        return found
 
     def start_series(self, kinds: Iterable[str], dead_reasons: Iterable[str]) -> None:
         """Create every per-kind series at zero before the first event."""
         reasons = tuple(dead_reasons)
         for kind in kinds:
-            for metric in (self.claimed, self.sent, self.lease_lost, self.leases_reclaimed):
-                metric.labels(kind)
-            self.send_duration.labels(kind)
-            self.delivery_latency.labels(kind)
+            self.kind(kind)
             for reason in reasons:
                 self.dead_letters.labels(kind, reason)
 

@@ -50,11 +50,17 @@ class AbuseGuard:
 
 @dataclass(frozen=True)
 class _Step:
-    name: str
-    params: dict[str, Any]
+    """Statements sent together (pipelined); the plan receives the last one's first row."""
+
+    queries: tuple[tuple[str, dict[str, Any]], ...]
 
 
-_Plan = Generator[_Step, tuple[Any, ...] | None, Receipt]
+_Row = tuple[Any, ...] | None
+_Plan = Generator[_Step, _Row, Receipt]
+
+
+def _one(name: str, params: dict[str, Any]) -> _Step:
+    return _Step(((name, params),))
 
 
 def _plan(
@@ -68,74 +74,80 @@ def _plan(
 ) -> _Plan:
     scope_name = scope or "default"
     fingerprint = request_hash or message.request_hash()
+    lock: list[tuple[str, dict[str, Any]]] = []
     if idempotency_key is not None:
-        yield _Step("lock_key", {"key": f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}"})
-        found = yield _Step(
-            "find_receipt", {"scope": scope_name, "idempotency_key": idempotency_key}
-        )
-        if found is not None:
-            stored_hash, outbox_id, expired, delivery_key = found
-            if not expired:
-                if stored_hash != fingerprint:
-                    raise IdempotencyConflict(scope_name, idempotency_key, outbox_id)
-                return Receipt(
-                    outbox_id=outbox_id,
-                    delivery_key=delivery_key or "",
-                    reused=True,
-                    scope=scope_name,
-                    idempotency_key=idempotency_key,
-                )
-
+        # Serialises requests with the same key; the statement after it sees the winner's row.
+        lock = [("lock_key", {"key": f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}"})]
     if guard is not None:
+        if lock:
+            yield _Step(tuple(lock))
+            lock = []
+            found = yield _one(
+                "find_receipt", {"scope": scope_name, "idempotency_key": idempotency_key}
+            )
+            if found is not None and not found[2]:
+                return _reused(found[1], found[3], found[0], fingerprint, scope_name,
+                               idempotency_key)  # fmt: skip
         yield from _check_guard(guard, message.recipient.lower(), scope_name, idempotency_key)
 
     # The key is stored with the row, so every worker retry reuses it; a retried API request
     # reuses it through the receipt. It never contains the recipient or a secret.
     delivery_key = message.delivery_key or f"{message.kind}:{uuid.uuid4().hex}"
-    inserted = yield _Step(
-        "insert_outbox",
-        {
-            "kind": message.kind,
-            "aggregate_id": message.aggregate_id,
-            "recipient": message.recipient,
-            "template": message.template,
-            "data": Jsonb(message.data),
-            "secrets": cipher.seal(message.secrets) if message.secrets else None,
-            "delivery_key": delivery_key,
-            "max_attempts": message.max_attempts,
-            "available_at": message.available_at,
-            "expires_at": message.expires_at,
-        },
+    write = {
+        "kind": message.kind,
+        "aggregate_id": message.aggregate_id,
+        "recipient": message.recipient,
+        "template": message.template,
+        "data": Jsonb(message.data),
+        "secrets": cipher.seal(message.secrets) if message.secrets else None,
+        "delivery_key": delivery_key,
+        "max_attempts": message.max_attempts,
+        "available_at": message.available_at,
+        "expires_at": message.expires_at,
+        "scope": scope_name,
+        "idempotency_key": idempotency_key,
+        "request_hash": fingerprint,
+        "ttl_seconds": receipt_ttl_seconds,
+    }
+    row = yield _Step((*lock, ("enqueue", write)))
+    assert row is not None, "the enqueue statement always returns one row"
+    source, outbox_id, stored_key, stored_hash = row
+    if source == "receipt":
+        return _reused(outbox_id, stored_key, stored_hash, fingerprint, scope_name,
+                       idempotency_key)  # fmt: skip
+    return Receipt(
+        outbox_id=int(outbox_id),
+        delivery_key=stored_key,
+        reused=source == "existing",
+        scope=scope_name if idempotency_key is not None else scope,
+        idempotency_key=idempotency_key,
     )
-    reused = inserted is None
-    if inserted is None:
-        existing = yield _Step("find_by_delivery_key", {"delivery_key": delivery_key})
-        assert existing is not None, "a conflicting delivery key vanished inside the statement"
-        inserted = existing
-    outbox_id = int(inserted[0])
-    if idempotency_key is not None:
-        yield _Step(
-            "upsert_receipt",
-            {
-                "scope": scope_name,
-                "idempotency_key": idempotency_key,
-                "request_hash": fingerprint,
-                "outbox_id": outbox_id,
-                "ttl_seconds": receipt_ttl_seconds,
-            },
-        )
+
+
+def _reused(
+    outbox_id: int,
+    delivery_key: str | None,
+    stored_hash: str,
+    fingerprint: str,
+    scope: str,
+    idempotency_key: str | None,
+) -> Receipt:
+    """The receipt of a live earlier request with this key, or a conflict if it differs."""
+    assert idempotency_key is not None
+    if stored_hash != fingerprint:
+        raise IdempotencyConflict(scope, idempotency_key, outbox_id)
     return Receipt(
         outbox_id=outbox_id,
-        delivery_key=delivery_key,
-        reused=reused,
-        scope=scope_name if idempotency_key is not None else scope,
+        delivery_key=delivery_key or "",
+        reused=True,
+        scope=scope,
         idempotency_key=idempotency_key,
     )
 
 
 def _check_guard(
     guard: AbuseGuard, recipient: str, scope: str, idempotency_key: str | None
-) -> Generator[_Step, tuple[Any, ...] | None, None]:
+) -> Generator[_Step, _Row, None]:
     checks: list[tuple[str, int, str, dict[str, Any]]] = []
     if guard.per_recipient is not None:
         checks.append(
@@ -150,8 +162,8 @@ def _check_guard(
         checks.append(("per-scope", guard.per_scope, "count_scope_window", {"scope": scope}))
     for label, limit, query_name, params in checks:
         lock_subject = next(iter(params.values()))
-        yield _Step("lock_key", {"key": f"leasebox.guard\x1f{label}\x1f{lock_subject}"})
-        row = yield _Step(query_name, {**params, "window_seconds": guard.window_seconds})
+        yield _one("lock_key", {"key": f"leasebox.guard\x1f{label}\x1f{lock_subject}"})
+        row = yield _one(query_name, {**params, "window_seconds": guard.window_seconds})
         assert row is not None
         count, oldest, now = row
         if count >= limit:
@@ -186,15 +198,19 @@ def enqueue(
         receipt_ttl_seconds,
         cipher or default_cipher(),
     )
-    with conn.cursor() as cur:
-        try:
-            step = next(plan)
-            while True:
-                cur.execute(query(step.name, schema), step.params)
-                step = plan.send(cur.fetchone() if cur.description else None)
-        except StopIteration as done:
-            result: Receipt = done.value
-            return result
+    try:
+        step = next(plan)
+        while True:
+            *before, (name, params) = step.queries
+            with conn.pipeline(), conn.cursor() as cur:
+                for earlier, earlier_params in before:
+                    conn.execute(query(earlier, schema), earlier_params)
+                cur.execute(query(name, schema), params)
+                row = cur.fetchone()
+            step = plan.send(row)
+    except StopIteration as done:
+        result: Receipt = done.value
+        return result
 
 
 async def enqueue_async(
@@ -219,12 +235,16 @@ async def enqueue_async(
         receipt_ttl_seconds,
         cipher or default_cipher(),
     )
-    async with conn.cursor() as cur:
-        try:
-            step = next(plan)
-            while True:
-                await cur.execute(query(step.name, schema), step.params)
-                step = plan.send(await cur.fetchone() if cur.description else None)
-        except StopIteration as done:
-            result: Receipt = done.value
-            return result
+    try:
+        step = next(plan)
+        while True:
+            *before, (name, params) = step.queries
+            async with conn.pipeline(), conn.cursor() as cur:
+                for earlier, earlier_params in before:
+                    await conn.execute(query(earlier, schema), earlier_params)
+                await cur.execute(query(name, schema), params)
+                row = await cur.fetchone()
+            step = plan.send(row)
+    except StopIteration as done:
+        result: Receipt = done.value
+        return result

@@ -115,7 +115,7 @@ async def sweep(
                 conn, limit=SWEEP_LIMIT, schema=settings.schema, now=clock()
             )
         for row in reclaimed:
-            metrics.leases_reclaimed.labels(row.kind).inc()
+            metrics.kind(row.kind).leases_reclaimed.inc()
             if row.status == "dead":
                 metrics.dead_letters.labels(row.kind, REASON_ATTEMPTS_EXHAUSTED).inc()
             log.info(

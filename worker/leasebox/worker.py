@@ -34,7 +34,7 @@ from leasebox.claiming import ClaimedMessage, Dead, Retry, Sent
 from leasebox.completion import DATABASE_ERRORS, CompletionBatcher, Outcome
 from leasebox.metrics import WorkerMetrics
 from leasebox.payload_crypto import PayloadCipher, default_cipher
-from leasebox.providers.base import Email, Provider
+from leasebox.providers.base import Email, Provider, reads_content
 from leasebox.rendering import RenderedEmail
 from leasebox.retrying import (
     DEAD_REASONS,
@@ -89,6 +89,7 @@ class Worker:
         self._pool = pool
         self._provider = provider
         self._renderer = renderer
+        self._reads_content = reads_content(provider)
         self._dsn = dsn
         self._cipher = cipher or default_cipher()
         self._clock = clock
@@ -288,7 +289,7 @@ class Worker:
         for message in rows:
             held = Held(message, started, started + s.lease_seconds)
             self._held[message.id] = held
-            self.metrics.claimed.labels(message.kind).inc()
+            self.metrics.kind(message.kind).claimed.inc()
             self._queue.put_nowait(held)
         return rows
 
@@ -352,12 +353,15 @@ class Worker:
             return
         finally:
             self.metrics.inflight.dec()
-            self.metrics.send_duration.labels(message.kind).observe(time.monotonic() - started)
+            self.metrics.kind(message.kind).send_duration.observe(time.monotonic() - started)
         self._finish(held, Sent(held.lease, result.provider_message_id))
 
     def _prepare(self, message: ClaimedMessage) -> Email:
-        secrets = self._cipher.open(message.secrets) if message.secrets else {}
-        rendered = self._renderer.render(message.template, message.data, secrets)
+        if self._reads_content:
+            secrets = self._cipher.open(message.secrets) if message.secrets else {}
+            rendered = self._renderer.render(message.template, message.data, secrets)
+        else:
+            rendered = RenderedEmail(subject="", text="", html=None)
         return Email(
             outbox_id=message.id,
             kind=message.kind,

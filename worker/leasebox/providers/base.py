@@ -99,6 +99,14 @@ class Provider(Protocol):
         """Release connections; safe to call twice or without `start`."""
 
 
+def reads_content(provider: Provider) -> bool:
+    """Whether `provider` reads subject and bodies (a provider may say `reads_content = False`).
+
+    The worker renders templates and decrypts secrets only for providers that read them.
+    """
+    return bool(getattr(provider, "reads_content", True))
+
+
 def recipient_domain(address: str) -> str:
     """The domain of an address (`example.com`), or `?` when it has none."""
     _, at, domain = address.rpartition("@")

@@ -57,9 +57,14 @@ class LogProvider:
 
 
 class NullProvider:
-    """Accepts every message without doing anything, optionally after a fixed delay."""
+    """Accepts every message without doing anything, optionally after a fixed delay.
+
+    It never reads a message, so the worker does not render or decrypt for it: null://
+    measures the outbox machinery alone (claims, completions, metrics).
+    """
 
     name = "null"
+    reads_content = False
 
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay

@@ -24,30 +24,54 @@ FROM {schema}.receipts
 WHERE scope = %(scope)s
   AND created_at > now() - make_interval(secs => %(window_seconds)s);
 
--- name: insert_outbox
-INSERT INTO {schema}.outbox
-    (kind, aggregate_id, recipient, template, data, secrets, delivery_key, max_attempts,
-     available_at, expires_at)
-VALUES
-    (%(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s, %(data)s, %(secrets)s,
-     %(delivery_key)s, %(max_attempts)s, coalesce(%(available_at)s::timestamptz, now()),
-     %(expires_at)s)
-ON CONFLICT (delivery_key) DO NOTHING
-RETURNING id;
-
--- name: find_by_delivery_key
-SELECT id FROM {schema}.outbox WHERE delivery_key = %(delivery_key)s;
-
--- name: upsert_receipt
-INSERT INTO {schema}.receipts (scope, idempotency_key, request_hash, outbox_id, expires_at)
-VALUES (%(scope)s, %(idempotency_key)s, %(request_hash)s, %(outbox_id)s,
-        now() + make_interval(secs => %(ttl_seconds)s))
-ON CONFLICT (scope, idempotency_key) DO UPDATE
-SET request_hash = excluded.request_hash,
-    outbox_id = excluded.outbox_id,
-    created_at = excluded.created_at,
-    expires_at = excluded.expires_at
-WHERE {schema}.receipts.expires_at <= now();
+-- name: enqueue
+-- One statement per logical send: reuse a live receipt, else insert the row (a row with the
+-- same delivery key is the same send) and record the receipt. `source` says which happened.
+WITH found AS (
+    SELECT r.request_hash, r.outbox_id, o.delivery_key
+    FROM {schema}.receipts AS r
+    LEFT JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+      AND r.expires_at > now()
+),
+inserted AS (
+    INSERT INTO {schema}.outbox
+        (kind, aggregate_id, recipient, template, data, secrets, delivery_key, max_attempts,
+         available_at, expires_at)
+    SELECT %(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s, %(data)s, %(secrets)s,
+           %(delivery_key)s, %(max_attempts)s,
+           coalesce(%(available_at)s::timestamptz, now()), %(expires_at)s
+    WHERE NOT EXISTS (SELECT FROM found)
+    ON CONFLICT (delivery_key) DO NOTHING
+    RETURNING id, delivery_key
+),
+existing AS (
+    SELECT o.id, o.delivery_key
+    FROM {schema}.outbox AS o
+    WHERE o.delivery_key = %(delivery_key)s
+      AND NOT EXISTS (SELECT FROM found) AND NOT EXISTS (SELECT FROM inserted)
+),
+chosen AS (
+    SELECT 'inserted' AS source, id, delivery_key FROM inserted
+    UNION ALL
+    SELECT 'existing', id, delivery_key FROM existing
+),
+receipt AS (
+    INSERT INTO {schema}.receipts (scope, idempotency_key, request_hash, outbox_id, expires_at)
+    SELECT %(scope)s, %(idempotency_key)s, %(request_hash)s, chosen.id,
+           now() + make_interval(secs => %(ttl_seconds)s)
+    FROM chosen
+    WHERE %(idempotency_key)s::text IS NOT NULL
+    ON CONFLICT (scope, idempotency_key) DO UPDATE
+    SET request_hash = excluded.request_hash,
+        outbox_id = excluded.outbox_id,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    WHERE {schema}.receipts.expires_at <= now()
+)
+SELECT 'receipt' AS source, outbox_id, delivery_key, request_hash FROM found
+UNION ALL
+SELECT source, id, delivery_key, NULL FROM chosen;
 
 -- name: get_message
 SELECT id, kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
