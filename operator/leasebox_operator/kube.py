@@ -69,10 +69,14 @@ class Kube:
             return None
         return result
 
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await api.post(
-            path, payload=dict(body), settings=self.settings, logger=self.logger
-        )
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The created object, or None when one of that name already exists."""
+        try:
+            result: dict[str, Any] = await api.post(
+                path, payload=dict(body), settings=self.settings, logger=self.logger
+            )
+        except errors.APIConflictError:
+            return None
         return result
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:

@@ -120,9 +120,14 @@ async def _ensure(
     meta = manifest["metadata"]
     api_version, kind, name = manifest["apiVersion"], manifest["kind"], meta["name"]
     if existing is None:
-        await kube.create(resource_path(api_version, plural, meta["namespace"]), manifest)
-        applied.actions.append(f"created {kind} {name}")
-        return
+        collection = resource_path(api_version, plural, meta["namespace"])
+        if await kube.create(collection, manifest) is not None:
+            applied.actions.append(f"created {kind} {name}")
+            return
+        # Created meanwhile (the create handler and the poll loop both apply children).
+        existing = await kube.get(resource_path(api_version, plural, meta["namespace"], name))
+        if existing is None:
+            raise ChildConflict(f"{kind} {name} was reported to exist but cannot be read")
     if not _owned_by(existing, owner):
         raise ChildConflict(f"{kind} {name} exists and is not owned by this pool")
     spec = dict(manifest["spec"])
