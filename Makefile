@@ -50,7 +50,7 @@ test: install tools lint ## lint, then every test on embedded PostgreSQL 18, the
 test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it answers (CI requires it)
 	@if $(BIN)/python -c "import psycopg,sys; psycopg.connect(sys.argv[1], connect_timeout=3).close()" '$(SECOND_PG_DSN)' 2>/dev/null; then \
 	  echo "database tests on $$($(BIN)/python -c "import psycopg,sys; print(psycopg.connect(sys.argv[1]).info.parameter_status('server_version'))" '$(SECOND_PG_DSN)')"; \
-	  LEASEBOX_TEST_DSN='$(SECOND_PG_DSN)' $(BIN)/pytest -m db $(PYTEST_ARGS); \
+	  LEASEBOX_TEST_DSN='$(SECOND_PG_DSN)' $(BIN)/pytest -m "db and not embedded_only" $(PYTEST_ARGS); \
 	elif [ -n "$$CI" ]; then echo "second PostgreSQL at $(SECOND_PG_DSN) is not reachable" >&2; exit 1; \
 	else echo "skipping the second PostgreSQL version: $(SECOND_PG_DSN) does not answer"; fi
 

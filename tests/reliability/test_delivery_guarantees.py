@@ -131,6 +131,7 @@ def test_transient_failures_are_retried_to_delivery_and_a_rejection_dead_letters
     assert row == ("dead", "rejected", 1, "smtp_550")
 
 
+@pytest.mark.embedded_only
 @pytest.mark.skipif(
     bool(os.environ.get("LEASEBOX_TEST_DSN")),
     reason="restarting PostgreSQL needs the embedded server this suite owns; "
