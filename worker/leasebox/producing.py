@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Generator
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,10 +203,13 @@ def enqueue(
         step = next(plan)
         while True:
             *before, (name, params) = step.queries
-            with conn.pipeline(), conn.cursor() as cur:
-                for earlier, earlier_params in before:
-                    conn.execute(query(earlier, schema), earlier_params)
-                cur.execute(query(name, schema), params)
+            with ExitStack() as stack:
+                if before:
+                    stack.enter_context(conn.pipeline())
+                    for earlier, earlier_params in before:
+                        conn.execute(query(earlier, schema), earlier_params, prepare=True)
+                cur = stack.enter_context(conn.cursor())
+                cur.execute(query(name, schema), params, prepare=True)
                 row = cur.fetchone()
             step = plan.send(row)
     except StopIteration as done:
@@ -239,10 +243,13 @@ async def enqueue_async(
         step = next(plan)
         while True:
             *before, (name, params) = step.queries
-            async with conn.pipeline(), conn.cursor() as cur:
-                for earlier, earlier_params in before:
-                    await conn.execute(query(earlier, schema), earlier_params)
-                await cur.execute(query(name, schema), params)
+            async with AsyncExitStack() as stack:
+                if before:
+                    await stack.enter_async_context(conn.pipeline())
+                    for earlier, earlier_params in before:
+                        await conn.execute(query(earlier, schema), earlier_params, prepare=True)
+                cur = await stack.enter_async_context(conn.cursor())
+                await cur.execute(query(name, schema), params, prepare=True)
                 row = await cur.fetchone()
             step = plan.send(row)
     except StopIteration as done:
