@@ -95,6 +95,10 @@ class Backlog:
     def sent_per_second(self) -> float:
         return self._sum("sent_in_window") / self.window_seconds
 
+    def by_kind(self) -> dict[str, Backlog]:
+        """One backlog per kind, observed at the same instant."""
+        return {k.kind: Backlog((k,), self.observed_at, self.window_seconds) for k in self.kinds}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "pending": self.pending,

@@ -162,11 +162,8 @@ def run_status(args: argparse.Namespace) -> int:
             return 0
         backlog = fetch_backlog(conn, kinds, schema=args.schema)
     if args.json:
-        payload = {"total": backlog.as_dict(), "kinds": {}}
-        for kind in backlog.kinds:
-            single = type(backlog)(kinds=(kind,), observed_at=backlog.observed_at)
-            payload["kinds"][kind.kind] = single.as_dict()
-        print(json.dumps(payload, indent=2))
+        kinds = {name: view.as_dict() for name, view in backlog.by_kind().items()}
+        print(json.dumps({"total": backlog.as_dict(), "kinds": kinds}, indent=2))
         return 0
     header = (
         "KIND",
@@ -178,7 +175,7 @@ def run_status(args: argparse.Namespace) -> int:
         "OLDEST PENDING",
         "SENT/S",
     )
-    views = [(k.kind, type(backlog)((k,), backlog.observed_at)) for k in backlog.kinds]
+    views = list(backlog.by_kind().items())
     rows = [
         (
             name,
