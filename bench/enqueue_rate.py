@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
 from leasebox.messages import OutboxMessage
-from leasebox.producing import enqueue
+from leasebox.producer.enqueue import enqueue
 
 BATCH = 100
 

@@ -23,7 +23,7 @@ from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
 from bench.systems import ROOT, leasebox_command
 from leasebox.messages import OutboxMessage
-from leasebox.producing import enqueue
+from leasebox.producer.enqueue import enqueue
 
 SETTLE_SECONDS = 30.0
 PRODUCER_LANES = 4

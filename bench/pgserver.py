@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 from psycopg import conninfo, sql
 
-from leasebox.migrations import migrate
+from leasebox.db.migrations import migrate
 
 DEFAULT_DATA_DIR = Path("build/bench-pg")
 
@@ -107,7 +107,7 @@ def bench_server(
         finally:
             server.drop_all()
         return
-    from leasebox.embedded import EmbeddedPostgres
+    from leasebox.testing.embedded import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(data_dir)
     with contextlib.suppress(RuntimeError):  # a run killed earlier may have left it running

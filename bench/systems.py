@@ -24,7 +24,7 @@ import psycopg
 from bench import node_peers
 from bench.accounting import Accounting, account_ids, account_table, combine
 from bench.sqlfiles import bench_query
-from leasebox.payload_crypto import default_cipher
+from leasebox.producer.payload_crypto import default_cipher
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_CHUNK = 50_000

@@ -20,9 +20,9 @@ import psycopg
 from bench.accounting import percentile
 from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
-from leasebox.backlog import fetch_backlog
-from leasebox.payload_crypto import default_cipher
-from leasebox.queries import query
+from leasebox.db.queries import query
+from leasebox.producer.payload_crypto import default_cipher
+from leasebox.store.backlog import fetch_backlog
 
 SENT_PER_SECOND = 10.0
 CHUNK = 100_000

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-from leasebox.migrations import migrate
+from leasebox.db.migrations import migrate
 
 pytest_plugins = ["kube_emulator"]
 
@@ -44,7 +44,7 @@ def pg_server() -> Iterator[object]:
     if os.environ.get("LEASEBOX_TEST_DSN"):
         yield None
         return
-    from leasebox.embedded import EmbeddedPostgres
+    from leasebox.testing.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(BUILD / f"test-pg-{os.getpid()}")
     try:
@@ -65,7 +65,7 @@ def server_dsn(pg_server: object) -> str:
         except psycopg.OperationalError as exc:
             _unavailable(f"LEASEBOX_TEST_DSN is not reachable: {exc}")
         return explicit
-    from leasebox.embedded import EmbeddedPostgres
+    from leasebox.testing.embedded import EmbeddedPostgres
 
     assert isinstance(pg_server, EmbeddedPostgres)
     return pg_server.dsn

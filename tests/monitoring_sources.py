@@ -21,7 +21,7 @@ DEFAULT_VARIABLES = {"namespace": "mail", "pool": "otp", "__rate_interval": "1m"
 
 def exported_series() -> set[str]:
     """Every series name the worker and the operator export, as Prometheus stores them."""
-    from leasebox.metrics import WorkerMetrics
+    from leasebox.runtime.metrics import WorkerMetrics
     from leasebox_operator.metrics import OperatorMetrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}

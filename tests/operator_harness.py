@@ -119,7 +119,7 @@ def running_operator(
     }
     log_path = workdir / "operator.log"
     command = [
-        sys.executable, "-m", "leasebox.cli", "operator", "--namespace", "default",
+        sys.executable, "-m", "leasebox", "operator", "--namespace", "default",
         "--standalone", "--liveness", "none", "--metrics-port", str(metrics_port),
         "--log-format", "plain", *os.environ.get("LEASEBOX_E2E_OPERATOR_FLAGS", "").split(),
     ]  # fmt: skip

@@ -90,6 +90,7 @@ FROM {schema}.outbox
 WHERE created_at >= %(since)s;
 
 -- name: unfinished_since
+-- Rows created since a time that are not settled yet.
 SELECT count(*) FROM {schema}.outbox
 WHERE created_at >= %(since)s AND status IN ('pending', 'processing');
 
@@ -98,12 +99,14 @@ WHERE created_at >= %(since)s AND status IN ('pending', 'processing');
 SELECT count(*) AS left_over FROM pgqueuer;
 
 -- name: procrastinate_accounting
+-- Procrastinate's jobs by outcome.
 SELECT count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
        count(*) FILTER (WHERE attempts > 1) AS retried,
        count(*) AS total
 FROM procrastinate_jobs;
 
 -- name: pgboss_accounting
+-- pg-boss's jobs by outcome.
 SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
        count(*) FILTER (WHERE retry_count > 0) AS retried,
        count(*) AS total

@@ -17,9 +17,9 @@ import psycopg
 from psycopg import conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from leasebox.backlog import Backlog, fetch_backlog_async
-from leasebox.database import connection_error
+from leasebox.db.connections import connection_error
 from leasebox.errors import NotMigrated
+from leasebox.store.backlog import Backlog, fetch_backlog_async
 from leasebox_operator.kube import Kube, SecretError
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.polling import PollError

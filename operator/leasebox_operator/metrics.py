@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from leasebox.backlog import Backlog
+from leasebox.store.backlog import Backlog
 
 POOL_LABELS = ("namespace", "pool")
 MESSAGE_STATES = ("pending", "ready", "processing", "dead", "expired_leases")

@@ -1,6 +1,6 @@
 """One poll of one pool: backlog -> scaling policy -> replicas, status, Events, metrics.
 
-This is the orchestration between the pure policy (`leasebox.scaling.decide`) and the
+This is the orchestration between the pure policy (`leasebox.scaling.policy.decide`) and the
 outside world, which reaches it only through two small ports: `BacklogSource` (the one
 indexed backlog query) and `PoolKube` (the Deployment, the status, Events). Clocks are
 injected too, so the whole loop is tested with fakes and no sleeping. A failed backlog
@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from leasebox import scaling
-from leasebox.backlog import Backlog
+from leasebox.scaling import policy as scaling
+from leasebox.store.backlog import Backlog
 from leasebox_operator.conditions import (
     DATABASE_REACHABLE,
     PAUSED,

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from leasebox.backlog import Backlog
+from leasebox.store.backlog import Backlog
 from leasebox_operator.conditions import ConditionUpdate, apply, transitions
 
 PatchStatus = Callable[[dict[str, Any]], Awaitable[None]]

@@ -156,7 +156,7 @@ def test_pool_alerts_match_series_on_namespace_and_pool() -> None:
 
 
 def test_the_slo_alerts_read_the_60_second_bucket_the_worker_exports() -> None:
-    from leasebox.metrics import WorkerMetrics
+    from leasebox.runtime.metrics import WorkerMetrics
 
     worker = WorkerMetrics()
     worker.delivery_latency.labels("otp").observe(1.0)

@@ -331,7 +331,7 @@ def test_the_operator_runs_once_with_recreate_and_probes_kopf_liveness(
 def test_the_operator_command_line_is_one_the_leasebox_cli_accepts(
     rendered: list[dict[str, Any]],
 ) -> None:
-    from leasebox.cli import build_parser
+    from leasebox.cli.main import build_parser
 
     container = operator_container(rendered)
     assert "command" not in container  # the image's ENTRYPOINT, leasebox, runs
@@ -479,7 +479,7 @@ def test_namespaced_mode_renders_a_role_and_binding_in_each_watched_namespace() 
     args = operator_container(objects)["args"]
     assert args[:3] == ["operator", "--namespace=mail", "--namespace=growth"]
     assert "--all-namespaces" not in args
-    from leasebox.cli import build_parser
+    from leasebox.cli.main import build_parser
 
     parsed = vars(build_parser().parse_args(args))
     assert ["mail", "growth"] in parsed.values()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-LEASEBOX = [sys.executable, "-m", "leasebox.cli"]
+LEASEBOX = [sys.executable, "-m", "leasebox"]
 
 
 def run(

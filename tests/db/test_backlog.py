@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from leasebox import OutboxMessage, enqueue
-from leasebox.backlog import fetch_backlog, fetch_backlog_async
-from leasebox.queries import query
+from leasebox.db.queries import query
+from leasebox.store.backlog import fetch_backlog, fetch_backlog_async
 
 SEED = """
 INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key, status, sent_at,

@@ -7,14 +7,14 @@ import threading
 import psycopg
 import pytest
 
-from leasebox.errors import ConfigurationError
-from leasebox.migrations import (
+from leasebox.db.migrations import (
     applied_versions,
     apply_canonical_schema,
     available_migrations,
     migrate,
 )
-from schema_catalog import describe_schema
+from leasebox.errors import ConfigurationError
+from support.schema_catalog import describe_schema
 
 
 def test_migrations_produce_exactly_the_canonical_schema(empty_db_dsn: str, db_dsn: str) -> None:

@@ -18,7 +18,7 @@ from leasebox import (
     enqueue,
     enqueue_async,
 )
-from leasebox.payload_crypto import PayloadCipher, generate_key
+from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 
 
 def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from leasebox.commands import demo as demo_command
-from leasebox.demo_report import (
+from leasebox.cli import demo as demo_command
+from leasebox.demo.report import (
     CAUSE_KILLED,
     CAUSE_LEASE_LOST,
     ApiStats,
@@ -27,7 +27,7 @@ from leasebox.demo_report import (
     summarise,
     verdict,
 )
-from leasebox.demo_scenario import REJECTED_ADDRESS, Scenario
+from leasebox.demo.scenario import REJECTED_ADDRESS, Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,7 +150,7 @@ def test_the_command_exits_non_zero_with_the_reason_when_a_guarantee_breaks(
         report(broken)
         return broken
 
-    monkeypatch.setattr("leasebox.demo.run_demo", fake_run)
+    monkeypatch.setattr("leasebox.demo.run.run_demo", fake_run)
     args = argparse.Namespace(
         duration=20.0,
         keep_running=False,
@@ -169,7 +169,7 @@ def test_the_command_exits_non_zero_with_the_reason_when_a_guarantee_breaks(
 @pytest.mark.slow
 def test_a_shortened_demo_delivers_every_accepted_send_and_explains_each_duplicate() -> None:
     data_dir = ROOT / "build" / f"test-demo-{os.getpid()}"
-    command = [sys.executable, "-m", "leasebox.cli", "demo", "--duration", "15", "--json"]
+    command = [sys.executable, "-m", "leasebox", "demo", "--duration", "15", "--json"]
     try:
         result = subprocess.run(
             [*command, "--no-live", "--data-dir", str(data_dir)],

@@ -11,9 +11,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from psycopg_pool import AsyncConnectionPool
 
-from leasebox.otp_api import OtpApiSettings, build_app, code_digest, create_schema
-from leasebox.payload_crypto import KEYS_VARIABLE, generate_key
-from leasebox.producing import AbuseGuard
+from leasebox.demo.otp_api import OtpApiSettings, build_app, code_digest, create_schema
+from leasebox.producer.enqueue import AbuseGuard
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 
 BODY = {"email": "ada@example.com", "user_id": "user-1"}
 
@@ -135,7 +135,7 @@ async def test_the_code_is_stored_hashed_and_encrypted_never_in_the_clear(
     assert linked
     assert bytes(sealed).startswith(b"f1:"), "secrets are not encrypted at rest"
     assert delivery_key == f"otp:user-1:{payload['challenge_id']}"
-    from leasebox.payload_crypto import default_cipher
+    from leasebox.producer.payload_crypto import default_cipher
 
     code = default_cipher().open(bytes(sealed))["code"]
     assert code.isdigit()

@@ -6,14 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from leasebox.providers import provider_from_url
-from leasebox.providers.base import (
+from leasebox.delivery.providers import provider_from_url
+from leasebox.delivery.providers.base import (
     Email,
-    PermanentProviderError,
-    TransientProviderError,
     derived_message_id,
 )
-from leasebox.smtp_sink import SmtpSink
+from leasebox.errors import PermanentProviderError, TransientProviderError
+from leasebox.testing.smtp_sink import SmtpSink
 
 
 def email(recipient: str = "ada@example.com", key: str = "otp:user-1:c1") -> Email:

@@ -29,7 +29,7 @@ import yaml
 
 from kube_emulator import KubeEmulator
 from leasebox import OutboxMessage, enqueue
-from leasebox.smtp_sink import SmtpSink
+from leasebox.testing.smtp_sink import SmtpSink
 from monitoring_sources import alert_expressions, dashboard_expressions
 from operator_harness import POOLS, free_port, running_operator, wait_for
 
@@ -114,7 +114,7 @@ def worker_metrics_port(db_dsn: str, tmp_path: Path) -> Iterator[int]:
             enqueue(conn, message)
     port = free_port()
     command = [
-        sys.executable, "-m", "leasebox.cli", "worker", "--dsn", db_dsn, "--kinds", "otp",
+        sys.executable, "-m", "leasebox", "worker", "--dsn", db_dsn, "--kinds", "otp",
         "--provider", sink.url, "--metrics-port", str(port), "--poll-interval", "0.2",
         "--backoff-base", "0.2", "--backoff-max", "0.5", "--log-format", "json",
     ]  # fmt: skip

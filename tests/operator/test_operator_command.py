@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from leasebox.cli import build_parser, main
-from leasebox.commands.operator import operator_settings
+from leasebox.cli.main import build_parser, main
+from leasebox.cli.operator import operator_settings
 from leasebox.errors import ConfigurationError
 from leasebox_operator.kube import resource_path
 from leasebox_operator.settings import OperatorSettings

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from leasebox.backlog import Backlog, KindBacklog
+from leasebox.store.backlog import Backlog, KindBacklog
 from leasebox_operator.metrics import OperatorMetrics
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.polling import (

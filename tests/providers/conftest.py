@@ -1,4 +1,4 @@
-"""Fixtures for the provider tests: real SMTP servers on loopback (see mail_test_servers)."""
+"""Fixtures for the provider tests: real SMTP servers on loopback (see support.mail_servers)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mail_test_servers import (
+
+from support.mail_servers import (
     RecordingHandler,
     SmtpServer,
     authenticator,

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from mail_test_servers import free_port
 
-from leasebox.providers import (
+from leasebox.delivery.providers import (
     Email,
     PermanentProviderError,
     TransientProviderError,
     provider_from_url,
 )
-from leasebox.providers.http import HttpProvider
+from leasebox.delivery.providers.http import HttpProvider
+from support.mail_servers import free_port
 
 CODE = "771204"
 TOKEN = "sk_test_d41d8cd98f00b204"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from leasebox.delivery.providers import Email, Provider, derived_message_id, provider_from_url
+from leasebox.delivery.providers.development import LogProvider, NullProvider
+from leasebox.delivery.providers.http import HttpProvider
+from leasebox.delivery.providers.smtp import SmtpProvider
 from leasebox.errors import ConfigurationError
-from leasebox.providers import Email, Provider, derived_message_id, provider_from_url
-from leasebox.providers.development import LogProvider, NullProvider
-from leasebox.providers.http import HttpProvider
-from leasebox.providers.smtp import SmtpProvider
 
 PASSWORD = "hunter2"
 
@@ -213,7 +213,7 @@ def test_emails_do_not_show_recipient_subject_or_body_in_their_repr() -> None:
 
 PLUGIN = textwrap.dedent(
     """
-    from leasebox.providers import SendResult
+    from leasebox.delivery.providers import SendResult
 
     class AcmeProvider:
         name = "acme"
@@ -256,7 +256,7 @@ def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     real = importlib.metadata.entry_points
 
-    def entry_points(**params: str) -> importlib.metadata.EntryPoints:
+    def entry_points(**params: str) -> object:
         if params.get("group") == group:
             return importlib.metadata.EntryPoints(points)
         return real(**params)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from leasebox.rendering import BUILTIN_TEMPLATES, RenderedEmail, TemplateError, TemplateRenderer
+from leasebox.delivery.rendering import BUILTIN_TEMPLATES, RenderedEmail, TemplateRenderer
+from leasebox.errors import TemplateError
 
 CODE = "918273"
 LINK = "https://app.example.com/verify?token=t0k3n&user=42"

@@ -6,9 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from mail_test_servers import SMTP_PASSWORD, SMTP_USER, SmtpServer, free_port
 
-from leasebox.providers import (
+from leasebox.delivery.providers import (
     Email,
     PermanentProviderError,
     ProviderError,
@@ -16,7 +15,8 @@ from leasebox.providers import (
     derived_message_id,
     provider_from_url,
 )
-from leasebox.providers.smtp import SmtpProvider
+from leasebox.delivery.providers.smtp import SmtpProvider
+from support.mail_servers import SMTP_PASSWORD, SMTP_USER, SmtpServer, free_port
 
 CODE = "482913"
 

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from reliability_rig import SmtpServer, SmtpSink, Workers
 
-from leasebox.embedded import free_port
+from leasebox.testing.embedded import free_port
+from support.reliability_rig import SmtpServer, SmtpSink, Workers
 
 
 @pytest.fixture

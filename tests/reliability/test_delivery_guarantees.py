@@ -14,10 +14,18 @@ import signal
 
 import psycopg
 import pytest
-from reliability_rig import SHORT_LEASE, SmtpServer, SmtpSink, Workers, seed, statuses, wait_until
 
-from leasebox.embedded import EmbeddedPostgres
-from leasebox.providers.base import derived_message_id
+from leasebox.delivery.providers.base import derived_message_id
+from leasebox.testing.embedded import EmbeddedPostgres
+from support.reliability_rig import (
+    SHORT_LEASE,
+    SmtpServer,
+    SmtpSink,
+    Workers,
+    seed,
+    statuses,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +76,7 @@ def test_killed_workers_cause_only_bounded_duplicates_with_the_same_message_id(
     chooser = random.Random(3)
     held_at_kill = []
     for fraction in (0.25, 0.5, 0.75):
-        wait_until(lambda f=fraction: sink.delivered >= 5000 * f, 120, lambda: sink.delivered)
+        wait_until(lambda: sink.delivered >= 5000 * fraction, 120, lambda: sink.delivered)  # noqa: B023
         victim = chooser.choice([w for w in workers.started if w.process.poll() is None])
         with psycopg.connect(db_dsn) as conn:
             row = conn.execute(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from leasebox.database import describe_target, redact_dsn, resolve_dsn
+from leasebox.db.connections import describe_target, redact_dsn, resolve_dsn
+from leasebox.db.queries import query, query_names, validate_schema_name
 from leasebox.errors import ConfigurationError, PayloadKeyError
-from leasebox.payload_crypto import PayloadCipher, generate_key
-from leasebox.queries import query, query_names, validate_schema_name
+from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 
 
 def test_every_named_query_composes_for_a_custom_schema() -> None:

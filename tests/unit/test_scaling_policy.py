@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from leasebox.scaling import Decision, Observation, PolicyState, ScalingSpec, decide, demand
+from leasebox.scaling.policy import Decision, Observation, PolicyState, ScalingSpec, decide, demand
 
 SPEC = ScalingSpec(min_replicas=0, max_replicas=10, initial_worker_throughput=50.0)
 # SLA 60 s and a budget fraction of 0.5 make the drain horizon 30 s and, at 100 msg/s,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from leasebox.simulate import (
+from leasebox.scaling.simulation.hpa import HpaSpec, HpaState, hpa_metric_replicas, hpa_step
+from leasebox.scaling.simulation.runner import (
     RunResult,
     ScenarioComparison,
     SimulationConfig,
@@ -18,8 +19,7 @@ from leasebox.simulate import (
     scenario_workload,
     to_json,
 )
-from leasebox.simulation_hpa import HpaSpec, HpaState, hpa_metric_replicas, hpa_step
-from leasebox.simulation_scenarios import BURST_SCENARIOS, SCENARIOS, TraceError, load_trace
+from leasebox.scaling.simulation.scenarios import BURST_SCENARIOS, SCENARIOS, TraceError, load_trace
 
 SHORT = SimulationConfig(duration_seconds=900)
 

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
-from worker_testing import Insert, ManualClock, ScriptedProvider
 
-from leasebox.payload_crypto import PayloadCipher
+from leasebox.producer.payload_crypto import PayloadCipher
+from support.worker_doubles import Insert, ManualClock, ScriptedProvider
 
 
 @pytest.fixture

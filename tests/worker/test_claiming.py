@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
-from worker_testing import Insert, row_of, statuses
 
-from leasebox import claiming
-from leasebox.claiming import Dead, LeaseRef, Retry, Sent
+from leasebox.states import DeadReason, Status
+from leasebox.store import claiming, settling, sweeps
+from leasebox.store.claiming import LeaseRef
+from leasebox.store.settling import Dead, Retry, Sent
+from support.worker_doubles import Insert, row_of, statuses
 
 WORKER = "worker-a"
 
@@ -20,6 +23,10 @@ async def _claim(
     return await claiming.claim(
         conn, kinds=kinds, limit=limit, lease_seconds=45, worker_id=WORKER, now=now
     )
+
+
+async def _reclaim(aconn: psycopg.AsyncConnection[Any], now: datetime) -> list[sweeps.Reclaimed]:
+    return await sweeps.reclaim_expired_leases(aconn, default_max_attempts=8, now=now)
 
 
 async def test_claim_sets_a_fresh_lease_and_counts_the_attempt(
@@ -37,8 +44,7 @@ async def test_claim_sets_a_fresh_lease_and_counts_the_attempt(
     assert claimed.claimed_at == db_now
     assert claimed.secrets is not None
     assert claimed.data == {"minutes_valid": 10}
-    [again] = await _claim(aconn, db_now + timedelta(seconds=1)) or [None]
-    assert again is None
+    assert await _claim(aconn, db_now + timedelta(seconds=1)) == []
 
 
 async def test_claim_takes_only_ready_rows_of_its_kinds_oldest_availability_first(
@@ -84,11 +90,14 @@ async def test_completion_with_a_stale_token_updates_nothing(
     outbox_id = insert()
     [claimed] = await _claim(aconn, db_now)
     stale = LeaseRef(outbox_id, uuid.uuid4())
-    assert await claiming.mark_sent(aconn, [Sent(stale, "x")], now=db_now) == {}
-    assert await claiming.schedule_retry(aconn, [Retry(stale, 5, "e", "timeout")]) == set()
-    assert await claiming.mark_dead(aconn, [Dead(stale, "rejected", "e", "smtp_550")]) == set()
+    assert await settling.mark_sent(aconn, [Sent(stale, "x")], now=db_now) == {}
+    assert await settling.schedule_retry(aconn, [Retry(stale, 5, "e", "timeout")]) == set()
+    assert (
+        await settling.mark_dead(aconn, [Dead(stale, DeadReason.REJECTED, "e", "smtp_550")])
+        == set()
+    )
     assert await claiming.extend_leases(aconn, [stale], lease_seconds=45) == {}
-    assert await claiming.release_leases(aconn, [stale]) == set()
+    assert await settling.release_leases(aconn, [stale]) == set()
     row = row_of(db_conn, outbox_id)
     assert row["status"] == "processing"
     assert row["lease_token"] == claimed.lease_token
@@ -101,7 +110,7 @@ async def test_mark_sent_records_the_outcome_and_the_latency_from_creation(
     claimed = await _claim(aconn, db_now)
     sent_at = db_now + timedelta(seconds=3)
     leases = [LeaseRef(m.id, m.lease_token) for m in claimed]
-    latencies = await claiming.mark_sent(
+    latencies = await settling.mark_sent(
         aconn, [Sent(leases[0], "provider-1"), Sent(leases[1], None)], now=sent_at
     )
     created = row_of(db_conn, first)["created_at"]
@@ -115,7 +124,7 @@ async def test_mark_sent_records_the_outcome_and_the_latency_from_creation(
     assert row["lease_token"] is None
     assert row_of(db_conn, second)["provider_message_id"] is None
     # Settled rows can be settled no further.
-    assert await claiming.mark_sent(aconn, [Sent(leases[0], "again")]) == {}
+    assert await settling.mark_sent(aconn, [Sent(leases[0], "again")]) == {}
 
 
 async def test_retry_returns_the_row_to_pending_after_its_delay(
@@ -124,7 +133,7 @@ async def test_retry_returns_the_row_to_pending_after_its_delay(
     outbox_id = insert()
     [claimed] = await _claim(aconn, db_now)
     lease = LeaseRef(claimed.id, claimed.lease_token)
-    assert await claiming.schedule_retry(
+    assert await settling.schedule_retry(
         aconn, [Retry(lease, 8.5, "451 try later", "smtp_451")], now=db_now
     ) == {outbox_id}
     row = row_of(db_conn, outbox_id)
@@ -145,7 +154,9 @@ async def test_mark_dead_records_the_reason(
     outbox_id = insert()
     [claimed] = await _claim(aconn, db_now)
     lease = LeaseRef(claimed.id, claimed.lease_token)
-    await claiming.mark_dead(aconn, [Dead(lease, "rejected", "550 no such user", "smtp_550")])
+    await settling.mark_dead(
+        aconn, [Dead(lease, DeadReason.REJECTED, "550 no such user", "smtp_550")]
+    )
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["dead_reason"], row["last_error_class"]) == (
         "dead",
@@ -166,7 +177,12 @@ async def test_extending_a_lease_pushes_its_expiry_from_now(
     assert kept == {outbox_id: later + timedelta(seconds=45)}
     assert row_of(db_conn, outbox_id)["lease_expires_at"] == later + timedelta(seconds=45)
     # Extended, the lease is not reclaimed when the first expiry passes.
-    assert await claiming.reclaim_expired_leases(aconn, now=db_now + timedelta(seconds=50)) == []
+    assert (
+        await sweeps.reclaim_expired_leases(
+            aconn, default_max_attempts=8, now=db_now + timedelta(seconds=50)
+        )
+        == []
+    )
 
 
 async def test_releasing_a_lease_makes_the_row_ready_at_once_with_the_attempt_undone(
@@ -174,7 +190,7 @@ async def test_releasing_a_lease_makes_the_row_ready_at_once_with_the_attempt_un
 ) -> None:
     outbox_id = insert()
     [claimed] = await _claim(aconn, db_now)
-    released = await claiming.release_leases(
+    released = await settling.release_leases(
         aconn, [LeaseRef(outbox_id, claimed.lease_token)], now=db_now
     )
     assert released == {outbox_id}
@@ -188,9 +204,16 @@ async def test_expired_leases_are_reclaimed_by_anyone_once_the_lease_is_over(
 ) -> None:
     outbox_id = insert()
     [claimed] = await _claim(aconn, db_now)
-    assert await claiming.reclaim_expired_leases(aconn, now=db_now + timedelta(seconds=44)) == []
-    reclaimed = await claiming.reclaim_expired_leases(aconn, now=db_now + timedelta(seconds=46))
-    assert reclaimed == [claiming.Reclaimed(outbox_id, "otp", "pending")]
+    assert (
+        await sweeps.reclaim_expired_leases(
+            aconn, default_max_attempts=8, now=db_now + timedelta(seconds=44)
+        )
+        == []
+    )
+    reclaimed = await sweeps.reclaim_expired_leases(
+        aconn, default_max_attempts=8, now=db_now + timedelta(seconds=46)
+    )
+    assert reclaimed == [sweeps.Reclaimed(outbox_id, "otp", Status.PENDING)]
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["attempts"], row["last_error_class"]) == (
         "pending",
@@ -199,7 +222,7 @@ async def test_expired_leases_are_reclaimed_by_anyone_once_the_lease_is_over(
     )
     # The old owner can no longer settle it; a new claim gets a new token.
     old = LeaseRef(outbox_id, claimed.lease_token)
-    assert await claiming.mark_sent(aconn, [Sent(old, None)]) == {}
+    assert await settling.mark_sent(aconn, [Sent(old, None)]) == {}
     [again] = await _claim(aconn, db_now + timedelta(seconds=47))
     assert again.lease_token != claimed.lease_token
     assert again.attempts == 2
@@ -210,8 +233,10 @@ async def test_a_reclaimed_row_out_of_attempts_becomes_a_dead_letter(
 ) -> None:
     outbox_id = insert(max_attempts=2, attempts=1)
     await _claim(aconn, db_now)
-    reclaimed = await claiming.reclaim_expired_leases(aconn, now=db_now + timedelta(minutes=5))
-    assert reclaimed == [claiming.Reclaimed(outbox_id, "otp", "dead")]
+    reclaimed = await sweeps.reclaim_expired_leases(
+        aconn, default_max_attempts=8, now=db_now + timedelta(minutes=5)
+    )
+    assert reclaimed == [sweeps.Reclaimed(outbox_id, "otp", Status.DEAD)]
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "attempts_exhausted", 2)
 
@@ -221,8 +246,8 @@ async def test_an_otp_past_its_expiry_is_dead_lettered_and_never_claimed(
 ) -> None:
     expiring = insert(expires_at=db_now + timedelta(seconds=60))
     lasting = insert(expires_at=None)
-    expired = await claiming.dead_letter_expired(aconn, now=db_now + timedelta(seconds=61))
-    assert expired == [(expiring, "otp")]
+    expired = await sweeps.dead_letter_expired(aconn, now=db_now + timedelta(seconds=61))
+    assert expired == [sweeps.Expired(expiring, "otp")]
     row = row_of(db_conn, expiring)
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "expired", 0)
     assert [m.id for m in await _claim(aconn, db_now + timedelta(seconds=62))] == [lasting]

@@ -7,19 +7,19 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
-from worker_testing import Insert, row_of, statuses
 
-from leasebox.cli import main
+from leasebox.cli.common import parse_duration
+from leasebox.cli.main import main
 from leasebox.errors import ConfigurationError
-from leasebox.maintenance import (
+from leasebox.store.dead_letters import (
     DeadLetterFilter,
     count_dead_letters,
     list_dead_letters,
-    parse_duration,
-    prune,
     purge_dead_letters,
     requeue_dead_letters,
 )
+from leasebox.store.pruning import prune
+from support.worker_doubles import Insert, row_of, statuses
 
 
 def _dead(

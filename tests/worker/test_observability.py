@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from leasebox.health import HealthServer, build_app
-from leasebox.logs import configure_logging, default_format, remove_logging
-from leasebox.metrics import DELIVERY_LATENCY_BUCKETS, METRIC_NAMES, WorkerMetrics
+from leasebox.runtime.health import HealthServer, build_app
+from leasebox.runtime.logs import configure_logging, default_format, remove_logging
+from leasebox.runtime.metrics import DELIVERY_LATENCY_BUCKETS, METRIC_NAMES, WorkerMetrics
 
 
 def test_every_metric_in_the_design_is_exported_by_name() -> None:

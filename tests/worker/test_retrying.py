@@ -6,16 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from leasebox.errors import PayloadKeyError
-from leasebox.providers.base import PermanentProviderError, TransientProviderError
-from leasebox.rendering import TemplateError
-from leasebox.retrying import (
-    REASON_INVALID_MESSAGE,
-    REASON_REJECTED,
-    backoff_delay,
-    classify,
-    should_retry,
+from leasebox.delivery.retrying import backoff_delay, classify, should_retry
+from leasebox.errors import (
+    PayloadKeyError,
+    PermanentProviderError,
+    TemplateError,
+    TransientProviderError,
 )
+from leasebox.states import DeadReason
 
 
 def test_backoff_doubles_from_the_base_until_the_cap() -> None:
@@ -83,8 +81,8 @@ def test_an_unexpected_exception_message_is_not_kept() -> None:
 
 
 def test_permanent_provider_errors_dead_letter_as_rejected_and_templates_as_invalid() -> None:
-    assert classify(PermanentProviderError("smtp_553", "553")).dead_reason == REASON_REJECTED
-    assert classify(TemplateError("bad")).dead_reason == REASON_INVALID_MESSAGE
+    assert classify(PermanentProviderError("smtp_553", "553")).dead_reason == DeadReason.REJECTED
+    assert classify(TemplateError("bad")).dead_reason == DeadReason.INVALID_MESSAGE
 
 
 def test_only_transient_failures_with_attempts_left_are_retried() -> None:

@@ -24,10 +24,10 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 from psycopg import conninfo
 from psycopg.types.json import Jsonb
-from worker_testing import statuses
 
-from leasebox.embedded import free_port
-from leasebox.payload_crypto import PayloadCipher, generate_key
+from leasebox.producer.payload_crypto import PayloadCipher, generate_key
+from leasebox.testing.embedded import free_port
+from support.worker_doubles import statuses
 
 SMTP_PASSWORD = "smtp-pw-" + secrets.token_hex(6)
 DSN_PASSWORD = "dsn-pw-" + secrets.token_hex(6)
@@ -118,7 +118,7 @@ def test_no_code_secret_or_password_reaches_logs_or_metrics(
         "LEASEBOX_POLL_INTERVAL": "0.05",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "leasebox.cli", "worker"],
+        [sys.executable, "-m", "leasebox", "worker"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
-from worker_testing import Insert, statuses
 
-from leasebox.cli import main
-from leasebox.embedded import free_port
+from leasebox.cli.main import main
+from leasebox.testing.embedded import free_port
+from support.worker_doubles import Insert, statuses
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
@@ -196,7 +196,7 @@ def _worker_process(
     db_dsn: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "leasebox.cli", "worker", "--dsn", db_dsn, *args],
+        [sys.executable, "-m", "leasebox", "worker", "--dsn", db_dsn, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -271,8 +271,8 @@ def _wait_for(
 
 
 def test_every_setting_can_come_from_a_leasebox_variable_and_a_flag_wins() -> None:
-    from leasebox.cli import build_parser
-    from leasebox.commands.worker import process_config
+    from leasebox.cli.main import build_parser
+    from leasebox.cli.worker import process_config
 
     environ = {
         "LEASEBOX_DSN": "postgresql://app@db/app",
@@ -309,8 +309,8 @@ def test_every_setting_can_come_from_a_leasebox_variable_and_a_flag_wins() -> No
 
 
 def test_the_defaults_match_the_documented_ones() -> None:
-    from leasebox.cli import build_parser
-    from leasebox.commands.worker import process_config
+    from leasebox.cli.main import build_parser
+    from leasebox.cli.worker import process_config
 
     args = build_parser().parse_args(["worker"])
     config = process_config(

@@ -15,14 +15,22 @@ from datetime import timedelta
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from worker_testing import Insert, ManualClock, ScriptedProvider, eventually, row_of, statuses
 
-from leasebox import claiming
-from leasebox.claiming import LeaseRef, Sent
+from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.errors import ConfigurationError
-from leasebox.rendering import TemplateRenderer
-from leasebox.worker import Worker
-from leasebox.worker_settings import WorkerSettings
+from leasebox.runtime.settings import WorkerSettings
+from leasebox.runtime.worker import Worker
+from leasebox.store import claiming, settling, sweeps
+from leasebox.store.claiming import LeaseRef
+from leasebox.store.settling import Sent
+from support.worker_doubles import (
+    Insert,
+    ManualClock,
+    ScriptedProvider,
+    eventually,
+    row_of,
+    statuses,
+)
 
 SETTINGS = WorkerSettings(
     kinds=("otp", "invite"),
@@ -175,7 +183,7 @@ async def test_transient_failures_dead_letter_once_attempts_run_out(
     worker = make_worker(pool, provider, clock)
     async with running(worker):
         for attempt in (1, 2):
-            await eventually(lambda a=attempt: row_of(db_conn, outbox_id)["attempts"] == a)
+            await eventually(lambda: row_of(db_conn, outbox_id)["attempts"] == attempt)  # noqa: B023
             await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "pending")
             clock.advance(600)
         await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "dead")
@@ -228,12 +236,12 @@ async def test_a_worker_stalled_past_its_lease_cannot_mark_the_row_sent(
         # The stall: time passes beyond the lease while the send hangs. Another worker
         # reclaims the row, sends it and marks it sent under its own lease.
         later = clock.now + timedelta(seconds=60)
-        assert await claiming.reclaim_expired_leases(aconn, now=later)
+        assert await sweeps.reclaim_expired_leases(aconn, default_max_attempts=8, now=later)
         [taken] = await claiming.claim(
             aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="worker-b", now=later
         )
         lease = LeaseRef(taken.id, taken.lease_token)
-        assert await claiming.mark_sent(aconn, [Sent(lease, "from-b")], now=later)
+        assert await settling.mark_sent(aconn, [Sent(lease, "from-b")], now=later)
         clock.now = later
         release.set()
         await eventually(

@@ -14,7 +14,7 @@ from leasebox.errors import (
     RateLimited,
 )
 from leasebox.messages import OutboxMessage, Receipt
-from leasebox.producing import AbuseGuard, enqueue, enqueue_async
+from leasebox.producer.enqueue import AbuseGuard, enqueue, enqueue_async
 from leasebox.version import __version__
 
 __all__ = [

@@ -1,10 +1,31 @@
-"""The errors leasebox raises to its callers, in one place.
+"""Every error leasebox raises on purpose, in one place, with one base class per concern.
 
 Callers catch these by type (an HTTP API maps `IdempotencyConflict` to 422 and `RateLimited`
-to 429), so each carries the figures a caller needs and never a secret or a message body.
+to 429; the CLI turns a `LeaseboxError` into one line and an exit code), so each carries the
+figures a caller needs and never a secret, a password or a message body.
+
+    LeaseboxError
+    ├── ConfigurationError        a setting is missing or malformed
+    │   └── PayloadKeyError       secrets cannot be sealed or opened with the configured keys
+    ├── DatabaseError             PostgreSQL cannot be used
+    │   ├── DatabaseUnavailable   unreachable, or refused the connection
+    │   └── NotMigrated           the schema is missing or older than this version
+    ├── RequestRefused            the producer API refused a request; nothing was written
+    │   ├── IdempotencyConflict   the key was used for a different request (HTTP 422)
+    │   └── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    └── DeliveryError             a message could not be prepared or sent
+        ├── TemplateError         a template is missing, malformed or lacks a variable
+        ├── ProviderUnavailable   the provider cannot start (unreachable, bad credentials)
+        └── ProviderError         one send failed; `error_class` says whether to retry
+            ├── TransientProviderError
+            └── PermanentProviderError
 """
 
 from __future__ import annotations
+
+# A failure's class: whether the worker tries again later or dead-letters the message now.
+TRANSIENT = "transient"
+PERMANENT = "permanent"
 
 
 class LeaseboxError(Exception):
@@ -12,14 +33,22 @@ class LeaseboxError(Exception):
 
 
 class ConfigurationError(LeaseboxError):
-    """A setting is missing or malformed (DSN, schema name, provider URL, keys)."""
+    """A setting is missing or malformed (DSN, schema name, provider URL, keys, flags)."""
 
 
-class DatabaseUnavailable(LeaseboxError):
+class PayloadKeyError(ConfigurationError):
+    """Secrets cannot be encrypted or decrypted with the configured keys."""
+
+
+class DatabaseError(LeaseboxError):
+    """PostgreSQL cannot be used as configured (not psycopg's error of the same name)."""
+
+
+class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached or refused the connection."""
 
 
-class NotMigrated(LeaseboxError):
+class NotMigrated(DatabaseError):
     """The leasebox schema is missing or older than this version expects."""
 
     def __init__(self, schema: str, detail: str = "") -> None:
@@ -31,7 +60,11 @@ class NotMigrated(LeaseboxError):
         self.schema = schema
 
 
-class IdempotencyConflict(LeaseboxError):
+class RequestRefused(LeaseboxError):
+    """The producer API refused a request; nothing was written."""
+
+
+class IdempotencyConflict(RequestRefused):
     """The idempotency key was used before with a different request (HTTP analogue: 422)."""
 
     def __init__(self, scope: str, idempotency_key: str, outbox_id: int) -> None:
@@ -44,7 +77,7 @@ class IdempotencyConflict(LeaseboxError):
         self.outbox_id = outbox_id
 
 
-class RateLimited(LeaseboxError):
+class RateLimited(RequestRefused):
     """The abuse guard refused another logical send in its window (HTTP analogue: 429)."""
 
     def __init__(self, limit_name: str, limit: int, window_seconds: float, retry_after: float):
@@ -58,5 +91,49 @@ class RateLimited(LeaseboxError):
         self.retry_after = retry_after
 
 
-class PayloadKeyError(LeaseboxError):
-    """Secrets cannot be encrypted or decrypted with the configured keys."""
+class DeliveryError(LeaseboxError):
+    """A message could not be prepared or sent."""
+
+
+class TemplateError(DeliveryError):
+    """A template is missing, malformed or uses a variable the message does not supply.
+
+    For the worker this is permanent: the same row would fail the same way on every retry.
+    """
+
+
+class ProviderUnavailable(DeliveryError):
+    """The mail provider refused to start (unreachable, bad credentials, TLS failure)."""
+
+
+class ProviderError(DeliveryError):
+    """A send or a connection failed; `error_class` tells the worker whether to retry.
+
+    `code` is short and low-cardinality (`smtp_550`, `timeout`); the message is one short
+    line that never contains a body, a secret or a password.
+    """
+
+    error_class: str = TRANSIENT
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def transient(self) -> bool:
+        return self.error_class == TRANSIENT
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={str(self)!r})"
+
+
+class TransientProviderError(ProviderError):
+    """Worth retrying later: timeouts, refused connections, SMTP 4xx, HTTP 408/429/5xx."""
+
+    error_class = TRANSIENT
+
+
+class PermanentProviderError(ProviderError):
+    """Retrying cannot help: a refused recipient, a rejected request."""
+
+    error_class = PERMANENT

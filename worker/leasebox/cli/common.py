@@ -1,0 +1,55 @@
+"""What several commands share, defined once: database options, kind lists, durations."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
+from leasebox.errors import ConfigurationError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `90`, `90s`, `15m`, `1h`, `7d` or `2w`."""
+    match = _DURATION.fullmatch(text.lower())
+    if not match:
+        raise ConfigurationError(
+            f"invalid duration {text!r}: use a number with s, m, h, d or w, e.g. 1h or 7d"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def add_database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dsn",
+        help="PostgreSQL DSN (default: $LEASEBOX_DSN, else $DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--schema",
+        default=DEFAULT_SCHEMA,
+        type=_schema,
+        help=f"schema holding the leasebox tables (default: {DEFAULT_SCHEMA})",
+    )
+
+
+def _schema(value: str) -> str:
+    try:
+        return validate_schema_name(value)
+    except Exception as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def kinds_list(value: str) -> list[str]:
+    """Parse `otp,verification` into a validated list."""
+    from leasebox.messages import KIND_PATTERN
+
+    kinds = [k.strip() for k in value.split(",") if k.strip()]
+    bad = [k for k in kinds if not re.fullmatch(KIND_PATTERN, k)]
+    if not kinds or bad:
+        raise argparse.ArgumentTypeError(
+            f"invalid kind list {value!r}: kinds are lower-case identifiers separated by commas"
+        )
+    return kinds

@@ -1,1 +1,0 @@
-"""Subcommands of `leasebox`; each module exposes `register(subparsers)`."""

@@ -1,0 +1,113 @@
+"""Connecting to PostgreSQL with errors a person can act on.
+
+Every command resolves its DSN the same way (flag, `LEASEBOX_DSN`, `DATABASE_URL`), and
+every failure to connect becomes one line that names the host and never the password.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import psycopg
+from psycopg import conninfo
+
+from leasebox.db.queries import validate_schema_name
+from leasebox.errors import ConfigurationError, DatabaseUnavailable, NotMigrated
+
+DSN_VARIABLES = ("LEASEBOX_DSN", "DATABASE_URL")
+APPLICATION_NAME = "leasebox"
+# What "the database is unavailable right now" looks like to a caller that retries: psycopg's
+# operational and interface errors (a pool timeout is an operational error) and our own
+# statement timeouts. Anything else from the database is a bug or bad data, not an outage.
+DATABASE_ERRORS = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    TimeoutError,
+)
+# The longest any one statement of the worker may take before it counts as an outage.
+STATEMENT_TIMEOUT = 30.0
+# Seconds to wait for a new connection, and for a free one from a pool.
+CONNECT_TIMEOUT = 5
+POOL_TIMEOUT = 5.0
+
+
+def resolve_dsn(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The DSN from the flag, else `LEASEBOX_DSN`, else `DATABASE_URL`."""
+    if explicit:
+        return explicit
+    env = os.environ if environ is None else environ
+    for name in DSN_VARIABLES:
+        value = env.get(name, "").strip()
+        if value:
+            return value
+    raise ConfigurationError(
+        "no database given: pass --dsn or set LEASEBOX_DSN (or DATABASE_URL), e.g. "
+        "postgresql://leasebox@db:5432/app"
+    )
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with its password replaced, safe for logs and error messages."""
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable DSN>"
+    if "password" in params:
+        params["password"] = "***"  # noqa: S105 - the placeholder that replaces it
+    return conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
+
+
+def describe_target(dsn: str) -> str:
+    """`host:port/dbname` of a DSN, for one-line errors."""
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable DSN>"
+    host = str(params.get("host") or "local socket")
+    port = str(params.get("port") or "5432")
+    dbname = str(params.get("dbname") or params.get("user") or "")
+    return f"{host}:{port}/{dbname}"
+
+
+def connection_error(dsn: str, exc: BaseException) -> DatabaseUnavailable:
+    """A one-line, password-free error for a failed connection attempt."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    password = conninfo.conninfo_to_dict(dsn).get("password") if _parses(dsn) else None
+    if password:
+        detail = detail.replace(str(password), "***")
+    return DatabaseUnavailable(f"cannot connect to PostgreSQL at {describe_target(dsn)}: {detail}")
+
+
+def _parses(dsn: str) -> bool:
+    try:
+        conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return False
+    return True
+
+
+def connect(dsn: str, *, autocommit: bool = False, connect_timeout: int = 10) -> psycopg.Connection:
+    """A synchronous connection, or `DatabaseUnavailable` with a readable reason."""
+    if not _parses(dsn):
+        raise ConfigurationError("the DSN cannot be parsed; expected postgresql://user@host/db")
+    try:
+        return psycopg.connect(
+            dsn,
+            autocommit=autocommit,
+            connect_timeout=connect_timeout,
+            application_name=APPLICATION_NAME,
+        )
+    except psycopg.OperationalError as exc:
+        raise connection_error(dsn, exc) from None
+
+
+def check_migrated(conn: psycopg.Connection, schema: str) -> None:
+    """Raise `NotMigrated` unless the schema's tables exist."""
+    validate_schema_name(schema)
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+        (f'"{schema}".outbox', f'"{schema}".receipts'),
+    ).fetchone()
+    if not row or not row[0]:
+        raise NotMigrated(schema)

@@ -1,0 +1,83 @@
+-- 0001: the outbox, receipts, their hot-path indexes and the insert notification.
+
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+CREATE TABLE {schema}.outbox (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind text NOT NULL CHECK (kind ~ '^[a-z][a-z0-9_]{{0,62}}$'),
+    aggregate_id text,
+    recipient text NOT NULL,
+    template text NOT NULL,
+    data jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+    secrets bytea,
+    delivery_key text NOT NULL UNIQUE,
+    status text NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'processing', 'sent', 'dead')),
+    attempts integer NOT NULL DEFAULT 0,
+    max_attempts integer CHECK (max_attempts BETWEEN 1 AND 100),
+    available_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz,
+    lease_token uuid,
+    lease_expires_at timestamptz,
+    leased_by text,
+    sent_at timestamptz,
+    provider_message_id text,
+    last_error text,
+    last_error_class text,
+    dead_reason text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+) WITH (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- Claim: ready rows of a kind, in FIFO order of availability.
+CREATE INDEX outbox_ready_idx ON {schema}.outbox (kind, available_at, id)
+    WHERE status = 'pending';
+-- Backlog: oldest pending age, measured from creation (the SLA clock).
+CREATE INDEX outbox_pending_created_idx ON {schema}.outbox (kind, created_at)
+    WHERE status = 'pending';
+-- Expiry sweep: OTPs past their TTL are dead-lettered, never sent late.
+CREATE INDEX outbox_pending_expiry_idx ON {schema}.outbox (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
+-- Reclaim: leases that ran out while a worker held them.
+CREATE INDEX outbox_leases_idx ON {schema}.outbox (lease_expires_at)
+    WHERE status = 'processing';
+-- Dead letters by kind and age (list, requeue, purge, backlog counts).
+CREATE INDEX outbox_dead_idx ON {schema}.outbox (kind, updated_at)
+    WHERE status = 'dead';
+-- Send rate and pruning of sent rows.
+CREATE INDEX outbox_sent_idx ON {schema}.outbox (sent_at)
+    WHERE status = 'sent';
+-- The abuse guard's per-recipient window.
+CREATE INDEX outbox_recipient_created_idx ON {schema}.outbox (recipient, created_at);
+
+CREATE TABLE {schema}.receipts (
+    scope text NOT NULL,
+    idempotency_key text NOT NULL,
+    request_hash text NOT NULL,
+    outbox_id bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (scope, idempotency_key)
+) WITH (fillfactor = 90);
+
+-- Abuse guard per scope, and pruning of expired receipts.
+CREATE INDEX receipts_scope_created_idx ON {schema}.receipts (scope, created_at);
+CREATE INDEX receipts_expires_idx ON {schema}.receipts (expires_at);
+
+-- Wakes idle workers when rows arrive; one notification per statement, not per row.
+CREATE FUNCTION {schema}.notify_outbox() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify({notify_channel}, TG_TABLE_SCHEMA);
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER outbox_notify AFTER INSERT ON {schema}.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_outbox();

@@ -1,0 +1,367 @@
+-- Named queries, loaded by name (`-- name: <name>` starts a query, the next line says what it
+-- does; `-- fragment:` defines a shared predicate that `-- include:` inserts).
+-- `{schema}` is the configured schema, quoted as an identifier; `%(x)s` are bound parameters.
+-- `coalesce(%(now)s::timestamptz, now())` lets tests inject the clock; production passes NULL
+-- so that every worker shares the database's clock.
+
+-- name: find_receipt
+-- The receipt of (scope, idempotency_key), whether it expired, and its row's delivery key.
+SELECT r.request_hash, r.outbox_id, r.expires_at <= now() AS expired, o.delivery_key
+FROM {schema}.receipts AS r
+LEFT JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s;
+
+-- name: lock_key
+-- Serialise callers on one key until the end of the transaction.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: count_recipient_window
+-- Logical sends to one recipient inside the abuse guard's window.
+SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
+FROM {schema}.outbox
+WHERE recipient = %(recipient)s
+  AND created_at > now() - make_interval(secs => %(window_seconds)s);
+
+-- name: count_scope_window
+-- Logical sends in one scope inside the abuse guard's window.
+SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
+FROM {schema}.receipts
+WHERE scope = %(scope)s
+  AND created_at > now() - make_interval(secs => %(window_seconds)s);
+
+-- name: enqueue
+-- Write one logical send: reuse a live receipt, else insert the row and its receipt.
+-- One statement per logical send: reuse a live receipt, else insert the row (a row with the
+-- same delivery key is the same send) and record the receipt. `source` says which happened.
+WITH found AS (
+    SELECT r.request_hash, r.outbox_id, o.delivery_key
+    FROM {schema}.receipts AS r
+    LEFT JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+      AND r.expires_at > now()
+),
+inserted AS (
+    INSERT INTO {schema}.outbox
+        (kind, aggregate_id, recipient, template, data, secrets, delivery_key, max_attempts,
+         available_at, expires_at)
+    SELECT %(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s, %(data)s, %(secrets)s,
+           %(delivery_key)s, %(max_attempts)s,
+           coalesce(%(available_at)s::timestamptz, now()), %(expires_at)s
+    WHERE NOT EXISTS (SELECT FROM found)
+    ON CONFLICT (delivery_key) DO NOTHING
+    RETURNING id, delivery_key
+),
+existing AS (
+    SELECT o.id, o.delivery_key
+    FROM {schema}.outbox AS o
+    WHERE o.delivery_key = %(delivery_key)s
+      AND NOT EXISTS (SELECT FROM found) AND NOT EXISTS (SELECT FROM inserted)
+),
+chosen AS (
+    SELECT 'inserted' AS source, id, delivery_key FROM inserted
+    UNION ALL
+    SELECT 'existing', id, delivery_key FROM existing
+),
+receipt AS (
+    INSERT INTO {schema}.receipts (scope, idempotency_key, request_hash, outbox_id, expires_at)
+    SELECT %(scope)s, %(idempotency_key)s, %(request_hash)s, chosen.id,
+           now() + make_interval(secs => %(ttl_seconds)s)
+    FROM chosen
+    WHERE %(idempotency_key)s::text IS NOT NULL
+    ON CONFLICT (scope, idempotency_key) DO UPDATE
+    SET request_hash = excluded.request_hash,
+        outbox_id = excluded.outbox_id,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    WHERE {schema}.receipts.expires_at <= now()
+)
+SELECT 'receipt' AS source, outbox_id, delivery_key, request_hash FROM found
+UNION ALL
+SELECT source, id, delivery_key, NULL FROM chosen;
+
+-- name: get_message
+-- One outbox row without its secrets, for tools and tests.
+SELECT id, kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
+       max_attempts, available_at, expires_at, leased_by, sent_at, provider_message_id,
+       last_error, last_error_class, dead_reason, created_at, updated_at
+FROM {schema}.outbox
+WHERE id = %(id)s;
+
+-- name: backlog
+-- Counts and ages per kind, each from a partial index (the operator's poll).
+SELECT
+    k.kind,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind) AS pending,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind
+        AND o.available_at <= now()) AS ready,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'processing' AND o.kind = k.kind) AS processing,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'processing' AND o.kind = k.kind
+        AND o.lease_expires_at < now()) AS expired_leases,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'dead' AND o.kind = k.kind) AS dead,
+    (SELECT min(o.created_at) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind) AS oldest_pending_created_at,
+    (SELECT min(o.available_at) FROM {schema}.outbox AS o
+      WHERE o.status = 'pending' AND o.kind = k.kind
+        AND o.available_at <= now()) AS oldest_ready_available_at,
+    (SELECT count(*) FROM {schema}.outbox AS o
+      WHERE o.status = 'sent' AND o.kind = k.kind
+        AND o.sent_at > now() - make_interval(secs => %(window_seconds)s)) AS sent_in_window,
+    now() AS observed_at
+FROM unnest(%(kinds)s::text[]) AS k(kind)
+ORDER BY k.kind;
+
+-- name: known_kinds
+-- The kinds that have pending, processing or dead rows.
+SELECT DISTINCT kind FROM {schema}.outbox WHERE status IN ('pending', 'processing', 'dead')
+ORDER BY kind;
+
+-- name: claim
+-- Lease up to a batch of ready rows of some kinds, oldest availability first.
+WITH candidates AS (
+    SELECT c.id
+    FROM unnest(%(kinds)s::text[]) AS k(kind)
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.available_at
+        FROM {schema}.outbox AS o
+        WHERE o.kind = k.kind
+          AND o.status = 'pending'
+          AND o.available_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY o.available_at, o.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.available_at, c.id
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'processing',
+        lease_token = gen_random_uuid(),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => %(lease_seconds)s),
+        leased_by = %(worker_id)s,
+        attempts = o.attempts + 1,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM candidates
+    WHERE o.id = candidates.id
+    RETURNING o.id, o.kind, o.aggregate_id, o.recipient, o.template, o.data, o.secrets,
+              o.delivery_key, o.attempts, o.max_attempts, o.expires_at, o.lease_token,
+              o.lease_expires_at, o.created_at, o.available_at
+)
+-- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen.
+SELECT id, kind, aggregate_id, recipient, template, data, secrets, delivery_key, attempts,
+       max_attempts, expires_at, lease_token, lease_expires_at, created_at,
+       coalesce(%(now)s::timestamptz, now()) AS claimed_at
+FROM claimed
+ORDER BY available_at, id;
+
+-- name: mark_sent
+-- Settle sent rows whose lease token still matches; returns their latency.
+UPDATE {schema}.outbox AS o
+SET status = 'sent',
+    sent_at = coalesce(%(now)s::timestamptz, now()),
+    provider_message_id = d.provider_message_id,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    last_error = NULL,
+    last_error_class = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(provider_message_ids)s::text[])
+    AS d(id, token, provider_message_id)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id, o.sent_at - o.created_at AS latency;
+
+-- name: schedule_retry
+-- Return rows whose lease still matches to pending, ready after their delay.
+UPDATE {schema}.outbox AS o
+SET status = 'pending',
+    available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => d.delay),
+    last_error = d.error,
+    last_error_class = d.error_class,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[], %(errors)s::text[],
+            %(error_classes)s::text[])
+    AS d(id, token, delay, error, error_class)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id;
+
+-- name: mark_dead
+-- Dead-letter rows whose lease still matches, with a reason.
+UPDATE {schema}.outbox AS o
+SET status = 'dead',
+    dead_reason = d.reason,
+    last_error = d.error,
+    last_error_class = d.error_class,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(reasons)s::text[], %(errors)s::text[],
+            %(error_classes)s::text[])
+    AS d(id, token, reason, error, error_class)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id;
+
+-- name: extend_leases
+-- Push the expiry of leases still held to now plus the lease length.
+UPDATE {schema}.outbox AS o
+SET lease_expires_at = coalesce(%(now)s::timestamptz, now())
+        + make_interval(secs => %(lease_seconds)s),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id, o.lease_expires_at;
+
+-- name: release_leases
+-- Give rows back unsent and ready at once, undoing the claim's attempt.
+UPDATE {schema}.outbox AS o
+SET status = 'pending',
+    available_at = coalesce(%(now)s::timestamptz, now()),
+    attempts = greatest(o.attempts - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+RETURNING o.id;
+
+-- name: reclaim_expired_leases
+-- Take back rows whose lease ran out; out of attempts they become dead.
+WITH expired AS (
+    SELECT id
+    FROM {schema}.outbox
+    WHERE status = 'processing'
+      AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET status = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+                  THEN 'dead' ELSE 'pending' END,
+    dead_reason = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+                       THEN 'attempts_exhausted' END,
+    available_at = coalesce(%(now)s::timestamptz, now()),
+    last_error = 'lease expired while held by ' || coalesce(o.leased_by, 'unknown worker'),
+    last_error_class = 'lease_expired',
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM expired
+WHERE o.id = expired.id
+RETURNING o.id, o.kind, o.status;
+
+-- name: dead_letter_expired
+-- Dead-letter pending rows past their expires_at (reason expired).
+WITH expired AS (
+    SELECT id
+    FROM {schema}.outbox
+    WHERE status = 'pending'
+      AND expires_at IS NOT NULL
+      AND expires_at < coalesce(%(now)s::timestamptz, now())
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET status = 'dead',
+    dead_reason = 'expired',
+    last_error = 'expired before it could be sent',
+    last_error_class = 'expired',
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM expired
+WHERE o.id = expired.id
+RETURNING o.id, o.kind;
+
+-- fragment: dead_letter_selection
+-- The filters of `leasebox dead-letters`: kinds, reason, age and ids, each optional.
+status = 'dead'
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND (%(reason)s::text IS NULL OR dead_reason = %(reason)s::text)
+  AND (%(older_than_seconds)s::float8 IS NULL
+       OR updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+
+-- name: list_dead_letters
+-- Dead letters matching a selection, oldest first, without content.
+SELECT id, kind, aggregate_id, delivery_key, attempts, max_attempts, dead_reason,
+       last_error_class, last_error, created_at, updated_at
+FROM {schema}.outbox
+WHERE
+-- include: dead_letter_selection
+ORDER BY updated_at, id
+LIMIT %(limit)s;
+
+-- name: requeue_dead_letters
+-- Make matching dead letters pending again with a fresh attempt budget.
+WITH chosen AS (
+    SELECT id FROM {schema}.outbox
+    WHERE
+    -- include: dead_letter_selection
+    ORDER BY updated_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET status = 'pending',
+    attempts = 0,
+    available_at = now(),
+    dead_reason = NULL,
+    expires_at = CASE WHEN %(clear_expiry)s THEN NULL ELSE o.expires_at END,
+    updated_at = now()
+FROM chosen
+WHERE o.id = chosen.id
+RETURNING o.id;
+
+-- name: count_dead_letters
+-- How many dead letters match a selection.
+SELECT count(*)
+FROM {schema}.outbox
+WHERE
+-- include: dead_letter_selection
+
+-- name: purge_dead_letters
+-- Delete one batch of dead letters matching a selection.
+WITH doomed AS (
+    SELECT id FROM {schema}.outbox
+    WHERE
+    -- include: dead_letter_selection
+    LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
+RETURNING o.id;
+
+-- name: prune_sent
+-- Delete one batch of sent rows older than the retention.
+WITH doomed AS (
+    SELECT id FROM {schema}.outbox
+    WHERE status = 'sent' AND sent_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY sent_at
+    LIMIT %(limit)s
+)
+DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id;
+
+-- name: prune_receipts
+-- Delete one batch of receipts expired longer ago than the retention.
+WITH doomed AS (
+    SELECT scope, idempotency_key FROM {schema}.receipts
+    WHERE expires_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY expires_at
+    LIMIT %(limit)s
+)
+DELETE FROM {schema}.receipts AS r USING doomed
+WHERE r.scope = doomed.scope AND r.idempotency_key = doomed.idempotency_key;
+
+-- name: listen
+-- Subscribe to the outbox's insert notifications.
+LISTEN {notify_channel_name};
+
+-- name: schema_present
+-- Whether the outbox and receipts tables exist in a schema.
+SELECT count(*) = 2 FROM pg_catalog.pg_tables
+WHERE schemaname = %(schema_name)s AND tablename IN ('outbox', 'receipts');

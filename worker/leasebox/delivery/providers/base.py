@@ -1,0 +1,106 @@
+"""The contract between the worker and a mail provider, and the helpers every provider shares.
+
+The worker knows nothing about SMTP or HTTP: it hands an `Email` to a `Provider` and learns
+either a `SendResult` or a `ProviderError` whose `error_class` decides between a retry with
+backoff (`transient`) and a dead letter (`permanent`). Error messages end up in logs and in the
+outbox's `last_error`, so everything here that builds one keeps bodies, codes, passwords and
+full recipient addresses out of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+MAX_ERROR_LENGTH = 240
+MESSAGE_ID_DOMAIN = "leasebox"
+
+
+@dataclass(frozen=True)
+class Email:
+    """One rendered message, ready for a provider; its text never shows in a repr."""
+
+    outbox_id: int
+    kind: str
+    aggregate_id: str | None
+    delivery_key: str
+    recipient: str = field(repr=False)
+    subject: str = field(repr=False)
+    text: str = field(repr=False)
+    html: str | None = field(repr=False)
+    attempt: int
+
+    @property
+    def recipient_domain(self) -> str:
+        """The part of the recipient after `@`, the most a log line may show of it."""
+        return recipient_domain(self.recipient)
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What the provider said when it accepted a message."""
+
+    provider_message_id: str | None
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A way to deliver email; one instance serves all of a worker's concurrent sends."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Open and verify connections; raise `ProviderError` with a clear reason."""
+
+    async def send(self, email: Email) -> SendResult:
+        """Deliver one message or raise `ProviderError`."""
+
+    async def check(self) -> str | None:
+        """None when healthy, else a short reason (for readiness)."""
+
+    async def close(self) -> None:
+        """Release connections; safe to call twice or without `start`."""
+
+
+def reads_content(provider: Provider) -> bool:
+    """Whether `provider` reads subject and bodies (a provider may say `reads_content = False`).
+
+    The worker renders templates and decrypts secrets only for providers that read them.
+    """
+    return bool(getattr(provider, "reads_content", True))
+
+
+def recipient_domain(address: str) -> str:
+    """The domain of an address (`example.com`), or `?` when it has none."""
+    _, at, domain = address.rpartition("@")
+    return domain.lower() if at and domain else "?"
+
+
+def derived_message_id(delivery_key: str, domain: str = MESSAGE_ID_DOMAIN) -> str:
+    """A Message-ID that is the same on every retry of one logical send.
+
+    Mail systems that deduplicate by Message-ID then drop the duplicate that a lost lease can
+    cause; the key itself is hashed so that nothing about the aggregate leaks into headers.
+    """
+    digest = hashlib.sha256(delivery_key.encode()).hexdigest()[:32]
+    return f"<{digest}@{domain}>"
+
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def one_line(text: str, *, hide: Iterable[str] = (), limit: int = MAX_ERROR_LENGTH) -> str:
+    """`text` as a single bounded line with every value in `hide` masked.
+
+    Used on replies from remote servers, which may quote a recipient or, from a careless
+    server, a credential.
+    """
+    flat = _WHITESPACE.sub(" ", text).strip()
+    for value in sorted((v for v in hide if v), key=len, reverse=True):
+        flat = re.sub(re.escape(value), "***", flat, flags=re.IGNORECASE)
+    if len(flat) > limit:
+        flat = flat[: limit - 3].rstrip() + "..."
+    return flat

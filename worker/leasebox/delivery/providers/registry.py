@@ -1,0 +1,89 @@
+"""Turning `LEASEBOX_PROVIDER_URL` into a provider: built-in schemes and entry-point plugins.
+
+The URL's syntax is read by `urls`; here its scheme picks a factory, and whatever goes wrong
+(an unknown scheme, a plugin that fails to load or rejects the URL) is one `ConfigurationError`
+line that never quotes the URL, which may carry a password.
+
+Built-in schemes are resolved here; any other scheme is looked up in the `leasebox.providers`
+entry-point group (entry point name = scheme, value = a callable `(url, timeout) -> Provider`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+
+from leasebox.delivery.providers.base import Provider
+from leasebox.delivery.providers.urls import url_scheme
+from leasebox.errors import ConfigurationError
+
+ENTRY_POINT_GROUP = "leasebox.providers"
+BUILTIN_SCHEMES = ("smtp", "smtps", "http", "https", "log", "null")
+
+ProviderFactory = Callable[[str, float], Provider]
+
+
+def _entry_point_factories() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name.lower(): ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_builtin(scheme: str) -> ProviderFactory:
+    # Imported on demand so that `log://` never pays for aiohttp or aiosmtplib.
+    if scheme in ("smtp", "smtps"):
+        from leasebox.delivery.providers.smtp import smtp_provider_from_url
+
+        return smtp_provider_from_url
+    if scheme in ("http", "https"):
+        from leasebox.delivery.providers.http import http_provider_from_url
+
+        return http_provider_from_url
+    from leasebox.delivery.providers.development import development_provider_from_url
+
+    return development_provider_from_url
+
+
+def _load_plugin(scheme: str) -> ProviderFactory:
+    plugins = _entry_point_factories()
+    entry_point = plugins.get(scheme)
+    if entry_point is None:
+        known = sorted({*BUILTIN_SCHEMES, *plugins})
+        raise ConfigurationError(
+            f"unknown provider scheme {scheme + '://'!r}; known schemes: "
+            f"{', '.join(s + '://' for s in known)} (others register in the "
+            f"{ENTRY_POINT_GROUP!r} entry-point group)"
+        )
+    try:
+        factory = entry_point.load()
+    except Exception as exc:  # a broken plugin must become a configuration error
+        raise ConfigurationError(
+            f"provider plugin for {scheme}:// ({entry_point.value}) failed to load: "
+            f"{type(exc).__name__}"
+        ) from None
+    if not callable(factory):
+        raise ConfigurationError(
+            f"provider plugin for {scheme}:// ({entry_point.value}) is not callable"
+        )
+    return factory  # type: ignore[no-any-return]
+
+
+def provider_from_url(url: str, *, timeout: float = 10.0) -> Provider:
+    """A provider for `url`; `ConfigurationError` on a malformed URL or an unknown scheme."""
+    scheme = url_scheme(url)
+    builtin = scheme in BUILTIN_SCHEMES
+    factory = _load_builtin(scheme) if builtin else _load_plugin(scheme)
+    if builtin:
+        return factory(url, timeout)
+    try:
+        provider = factory(url, timeout)
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # the plugin's own message may quote the URL and its password
+        raise ConfigurationError(
+            f"provider plugin for {scheme}:// rejected the URL: {type(exc).__name__}"
+        ) from None
+    if not isinstance(provider, Provider):
+        raise ConfigurationError(
+            f"provider plugin for {scheme}:// returned {type(provider).__name__}, "
+            "which lacks start/send/check/close"
+        )
+    return provider

@@ -1,0 +1,334 @@
+"""Delivering over SMTP with a Message-ID that survives retries.
+
+The worker runs many sends at once, so the provider keeps a small pool of authenticated
+connections (`pool_size`, default 8) instead of paying connect + EHLO + STARTTLS + AUTH per
+message; a connection that broke while idle is replaced once, transparently. Replies map onto
+the worker's two outcomes: 4xx, timeouts and connection failures are transient, 5xx permanent.
+Failing to *connect* during a send is always transient, because a rotated password or a broken
+certificate is not the message's fault and must not dead-letter the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.utils import format_datetime, parseaddr
+
+import aiosmtplib
+
+from leasebox.delivery.providers.base import (
+    Email,
+    SendResult,
+    derived_message_id,
+    one_line,
+)
+from leasebox.delivery.providers.urls import ProviderUrl, parse_provider_url
+from leasebox.errors import (
+    ConfigurationError,
+    PermanentProviderError,
+    ProviderError,
+    TransientProviderError,
+)
+
+DEFAULT_SENDER = "leasebox@localhost"
+DEFAULT_POOL_SIZE = 8
+URL_OPTIONS = ("from", "pool_size", "starttls", "timeout", "tls_verify")
+_CONNECTION_ERRORS = (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPConnectError, OSError)
+
+
+class _Disconnected(Exception):
+    """The connection broke before the server answered; the caller decides what that means."""
+
+
+@dataclass(frozen=True)
+class SmtpSettings:
+    """Where and how to connect; `starttls=None` upgrades whenever the server offers it."""
+
+    host: str
+    port: int = 25
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    implicit_tls: bool = False
+    starttls: bool | None = None
+    tls_verify: bool = True
+    sender: str = DEFAULT_SENDER
+    timeout: float = 10.0
+    pool_size: int = DEFAULT_POOL_SIZE
+
+    @property
+    def target(self) -> str:
+        return f"{'smtps' if self.implicit_tls else 'smtp'}://{self.host}:{self.port}"
+
+    @property
+    def envelope_sender(self) -> str:
+        return parseaddr(self.sender)[1]
+
+
+def build_message(email: Email, sender: str) -> EmailMessage:
+    """The MIME message for `email`: text, optional HTML alternative, stable Message-ID."""
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = email.recipient
+    message["Subject"] = " ".join(email.subject.split())
+    message["Date"] = format_datetime(datetime.now(UTC))
+    message["Message-ID"] = derived_message_id(email.delivery_key)
+    message["X-Leasebox-Delivery-Key"] = email.delivery_key
+    message["Auto-Submitted"] = "auto-generated"
+    message.set_content(email.text)
+    if email.html is not None:
+        message.add_alternative(email.html, subtype="html")
+    return message
+
+
+class SmtpProvider:
+    """A pooled SMTP client; one instance serves every concurrent send of a worker."""
+
+    name = "smtp"
+
+    def __init__(self, settings: SmtpSettings) -> None:
+        self.settings = settings
+        self._idle: list[aiosmtplib.SMTP] = []
+        self._slots = asyncio.Semaphore(settings.pool_size)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SmtpProvider({self.settings.target}, pool_size={self.settings.pool_size})"
+
+    async def start(self) -> None:
+        """Connect once (EHLO, STARTTLS, AUTH) so that bad settings fail before any claim."""
+        self._closed = False
+        self._idle.append(await self._connect(during_send=False))
+
+    async def send(self, email: Email) -> SendResult:
+        if self._closed:
+            raise TransientProviderError("closed", "the SMTP provider is closed")
+        try:
+            message = build_message(email, self.settings.sender)
+        except (ValueError, TypeError):
+            raise PermanentProviderError(
+                "invalid_message",
+                "cannot build the message: the recipient or subject is not a valid header",
+            ) from None
+        async with self._slots:
+            client = self._take_idle()
+            if client is not None:
+                try:
+                    await self._transmit(client, message, email)
+                    return SendResult(provider_message_id=str(message["Message-ID"]))
+                except _Disconnected:
+                    pass  # dropped while idle; nothing was accepted, so one fresh try is safe
+                finally:
+                    self._give_back(client)
+            client = await self._connect(during_send=True)
+            try:
+                await self._transmit(client, message, email)
+            except _Disconnected as exc:
+                raise TransientProviderError(
+                    "connection", self._describe(exc.__cause__ or exc, "dropped the connection")
+                ) from None
+            finally:
+                self._give_back(client)
+        return SendResult(provider_message_id=str(message["Message-ID"]))
+
+    async def check(self) -> str | None:
+        if self._closed:
+            return "the SMTP provider is closed"
+        if self._slots.locked():
+            return None  # every connection is busy sending, which is as alive as it gets
+        async with self._slots:
+            client = self._take_idle()
+            try:
+                if client is None:
+                    client = await self._connect(during_send=False)
+                await client.noop()
+            except ProviderError as exc:
+                return str(exc)
+            except (aiosmtplib.SMTPException, OSError) as exc:
+                if client is not None:
+                    client.close()
+                return self._describe(exc, "NOOP failed")
+            self._give_back(client)
+        return None
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        grace = min(self.settings.timeout, 2.0)
+        protocols = [client.protocol for client in idle if client.protocol is not None]
+        for client in idle:
+            try:
+                await client.quit(timeout=grace)
+            except (aiosmtplib.SMTPException, OSError):
+                client.close()
+        # A TLS connection closes only after its close_notify exchange; wait for it so that
+        # no socket outlives the provider (bounded, as a peer may never answer).
+        deadline = asyncio.get_running_loop().time() + grace
+        while any(p.transport is not None for p in protocols):
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.005)
+
+    def _take_idle(self) -> aiosmtplib.SMTP | None:
+        while self._idle:
+            client = self._idle.pop()
+            if client.is_connected:
+                return client
+            client.close()
+        return None
+
+    def _give_back(self, client: aiosmtplib.SMTP) -> None:
+        if self._closed or not client.is_connected:
+            client.close()
+        else:
+            self._idle.append(client)
+
+    async def _transmit(self, client: aiosmtplib.SMTP, message: EmailMessage, email: Email) -> None:
+        try:
+            await client.send_message(
+                message, sender=self.settings.envelope_sender, recipients=[email.recipient]
+            )
+        except aiosmtplib.SMTPTimeoutError:
+            client.close()
+            raise TransientProviderError(
+                "timeout", f"SMTP server {self.settings.target} did not answer in time"
+            ) from None
+        except _CONNECTION_ERRORS as exc:
+            client.close()
+            raise _Disconnected() from exc
+        except aiosmtplib.SMTPRecipientsRefused as exc:
+            refused = exc.recipients[0]
+            raise self._reply_error(
+                refused.code, refused.message, email, "refused the recipient"
+            ) from None
+        except aiosmtplib.SMTPNotSupported as exc:
+            raise PermanentProviderError(
+                "smtp_unsupported", self._describe(exc, "cannot take this message", email)
+            ) from None
+        except aiosmtplib.SMTPResponseException as exc:
+            raise self._reply_error(exc.code, exc.message, email, "rejected the message") from None
+        except aiosmtplib.SMTPException as exc:
+            client.close()
+            raise TransientProviderError(
+                "smtp_error", self._describe(exc, "failed", email)
+            ) from None
+        except ValueError:
+            raise PermanentProviderError(
+                "invalid_address", "the recipient address cannot be sent over SMTP"
+            ) from None
+
+    def _reply_error(self, code: int, reply: str, email: Email | None, what: str) -> ProviderError:
+        text = one_line(reply, hide=self._hidden(email), limit=160)
+        message = f"SMTP server {self.settings.target} {what}: {code} {text}".rstrip()
+        if 500 <= code < 600:
+            return PermanentProviderError(f"smtp_{code}", message)
+        return TransientProviderError(f"smtp_{code}", message)
+
+    async def _connect(self, *, during_send: bool) -> aiosmtplib.SMTP:
+        settings = self.settings
+        client = aiosmtplib.SMTP(
+            hostname=settings.host,
+            port=settings.port,
+            username=settings.username,
+            password=settings.password,
+            use_tls=settings.implicit_tls,
+            start_tls=False if settings.implicit_tls else settings.starttls,
+            validate_certs=settings.tls_verify,
+            timeout=settings.timeout,
+        )
+        try:
+            await client.connect()
+        except Exception as exc:
+            client.close()
+            error = self._connect_error(exc)
+            if during_send and not error.transient:
+                raise TransientProviderError(error.code, str(error)) from None
+            raise error from None
+        return client
+
+    def _connect_error(self, exc: Exception) -> ProviderError:
+        target = self.settings.target
+        if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
+            user = self.settings.username or ""
+            return PermanentProviderError(
+                "smtp_auth",
+                f"SMTP server {target} rejected the credentials of user {user!r} "
+                f"({exc.code} {one_line(exc.message, hide=self._hidden(), limit=120)})",
+            )
+        if isinstance(exc, aiosmtplib.SMTPTimeoutError | TimeoutError):
+            return TransientProviderError("timeout", f"SMTP server {target} timed out on connect")
+        tls_failure = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+        if isinstance(tls_failure, ssl.SSLError):
+            reason = getattr(tls_failure, "verify_message", None) or tls_failure.reason
+            return PermanentProviderError(
+                "tls", f"TLS with SMTP server {target} failed: {reason or 'handshake error'}"
+            )
+        if isinstance(exc, aiosmtplib.SMTPResponseException):
+            return self._reply_error(exc.code, exc.message, None, "refused the session")
+        if isinstance(exc, _CONNECTION_ERRORS):
+            return TransientProviderError("connection", self._describe(exc, "is unreachable"))
+        if isinstance(exc, aiosmtplib.SMTPException):
+            # Missing AUTH or STARTTLS support: a setting to change, not a thing to wait for.
+            return PermanentProviderError("smtp_setup", self._describe(exc, "cannot be used"))
+        return TransientProviderError("connection", self._describe(exc, "failed on connect"))
+
+    def _hidden(self, email: Email | None = None) -> list[str]:
+        hidden = [self.settings.password or ""]
+        if email is not None:
+            hidden.append(email.recipient)
+        return hidden
+
+    def _describe(self, exc: BaseException, what: str, email: Email | None = None) -> str:
+        detail = one_line(str(exc), hide=self._hidden(email), limit=160) or type(exc).__name__
+        return f"SMTP server {self.settings.target} {what}: {detail}"
+
+
+def _sender(value: str) -> str:
+    _, address = parseaddr(value)
+    try:
+        Address(addr_spec=address)
+    except (ValueError, IndexError):
+        address = ""
+    if "@" not in address:
+        raise ConfigurationError(
+            "smtp:// provider URL option 'from' must be an address such as "
+            "no-reply@example.com or 'Example <no-reply@example.com>'"
+        )
+    return value
+
+
+def settings_from_url(parsed: ProviderUrl, timeout: float) -> SmtpSettings:
+    """SmtpSettings from a parsed `smtp://` or `smtps://` URL."""
+    parsed.reject_unknown_options(URL_OPTIONS)
+    scheme = parsed.scheme
+    if not parsed.host:
+        raise ConfigurationError(f"{scheme}:// provider URL needs a host, e.g. {scheme}://mail:25")
+    if parsed.path not in ("", "/"):
+        raise ConfigurationError(f"{scheme}:// provider URL must not have a path")
+    if parsed.password is not None and not parsed.username:
+        raise ConfigurationError(f"{scheme}:// provider URL has a password but no user name")
+    implicit_tls = scheme == "smtps"
+    raw_starttls = parsed.options.get("starttls", "auto").lower()
+    starttls = None if raw_starttls == "auto" else parsed.bool_option("starttls", False)
+    if implicit_tls and starttls:
+        raise ConfigurationError("smtps:// already uses TLS; starttls=true applies to smtp://")
+    return SmtpSettings(
+        host=parsed.host,
+        port=parsed.port or (465 if implicit_tls else 25),
+        username=parsed.username,
+        password=parsed.password,
+        implicit_tls=implicit_tls,
+        starttls=starttls,
+        tls_verify=parsed.bool_option("tls_verify", True),
+        sender=_sender(parsed.options.get("from", DEFAULT_SENDER)),
+        timeout=parsed.float_option("timeout", timeout),
+        pool_size=parsed.int_option("pool_size", DEFAULT_POOL_SIZE),
+    )
+
+
+def smtp_provider_from_url(url: str, timeout: float) -> SmtpProvider:
+    """The `smtp://` / `smtps://` factory used by `provider_from_url`."""
+    return SmtpProvider(settings_from_url(parse_provider_url(url), timeout))

@@ -1,0 +1,130 @@
+"""Rendering an outbox row into subject, text and HTML, with templates a deployment can replace.
+
+Templates are Jinja2 files, `<name>/subject.txt.j2`, `<name>/body.txt.j2` and optionally
+`<name>/body.html.j2`. A templates directory overrides the built-ins file by file, so a
+deployment can restyle the HTML of `otp` and keep the rest. Undefined variables are errors
+(`StrictUndefined`): an email that says "Your code is ." is worse than a dead letter. Error
+messages name the template and the variable but never a value, since values include the code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, overload
+
+import jinja2
+
+from leasebox.delivery.providers.base import one_line
+from leasebox.errors import TemplateError
+
+BUILTIN_TEMPLATES_DIR = Path(__file__).parent / "templates"
+BUILTIN_TEMPLATES = ("otp", "verification", "password_reset", "invite")
+SUBJECT_FILE = "subject.txt.j2"
+TEXT_FILE = "body.txt.j2"
+HTML_FILE = "body.html.j2"
+_TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*(/[a-z0-9][a-z0-9_\-]*)*$")
+
+
+@dataclass(frozen=True)
+class RenderedEmail:
+    """What a template produced; none of it shows in a repr, since it may hold the code."""
+
+    subject: str = field(repr=False)
+    text: str = field(repr=False)
+    html: str | None = field(repr=False)
+
+
+def _environment(loader: jinja2.BaseLoader, *, autoescape: bool) -> jinja2.Environment:
+    # Plain-text bodies are not HTML: escaping would turn "O'Brien" into "O&#39;Brien".
+    return jinja2.Environment(
+        loader=loader,
+        autoescape=autoescape,  # noqa: S701
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        auto_reload=False,
+    )
+
+
+class TemplateRenderer:
+    """Renders templates from `templates_dir` first, then from the built-ins."""
+
+    def __init__(self, templates_dir: Path | None = None) -> None:
+        if templates_dir is not None and not templates_dir.is_dir():
+            raise TemplateError(f"templates directory {str(templates_dir)!r} does not exist")
+        self.templates_dir = templates_dir
+        search = [BUILTIN_TEMPLATES_DIR] if templates_dir is None else [templates_dir]
+        if templates_dir is not None:
+            search.append(BUILTIN_TEMPLATES_DIR)
+        loader = jinja2.FileSystemLoader([str(path) for path in search])
+        self._text = _environment(loader, autoescape=False)
+        self._html = _environment(loader, autoescape=True)
+
+    def __repr__(self) -> str:
+        return f"TemplateRenderer(templates_dir={self.templates_dir!r})"
+
+    def render(
+        self, template: str, data: Mapping[str, Any], secrets: Mapping[str, str]
+    ) -> RenderedEmail:
+        """Subject, text and HTML of `template`; secrets and data share one namespace."""
+        if not _TEMPLATE_NAME.fullmatch(template):
+            raise TemplateError(f"template name {template!r} is not valid")
+        context: dict[str, Any] = {**data, **secrets}
+        hide = list(secrets.values())
+        subject = self._render(self._load(self._text, template, SUBJECT_FILE), context, hide)
+        text = self._render(self._load(self._text, template, TEXT_FILE), context, hide)
+        html_template = self._load(self._html, template, HTML_FILE, required=False)
+        html = None if html_template is None else self._render(html_template, context, hide)
+        # A subject is one header line; a newline in it would start a new header.
+        return RenderedEmail(subject=" ".join(subject.split()), text=text, html=html)
+
+    def has_template(self, template: str) -> bool:
+        """Whether `template` has at least a subject and a text body."""
+        try:
+            self._load(self._text, template, SUBJECT_FILE)
+            self._load(self._text, template, TEXT_FILE)
+        except TemplateError:
+            return False
+        return True
+
+    @overload
+    @staticmethod
+    def _load(environment: jinja2.Environment, template: str, file: str) -> jinja2.Template: ...
+
+    @overload
+    @staticmethod
+    def _load(
+        environment: jinja2.Environment, template: str, file: str, *, required: bool
+    ) -> jinja2.Template | None: ...
+
+    @staticmethod
+    def _load(
+        environment: jinja2.Environment, template: str, file: str, *, required: bool = True
+    ) -> jinja2.Template | None:
+        path = f"{template}/{file}"
+        try:
+            return environment.get_template(path)
+        except jinja2.TemplateNotFound:
+            if not required:
+                return None
+            where = "the templates directory or the built-ins"
+            raise TemplateError(f"template {template!r} has no {file} in {where}") from None
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(
+                f"template {path} has a syntax error on line {exc.lineno}: {exc.message}"
+            ) from None
+
+    @staticmethod
+    def _render(compiled: jinja2.Template, context: Mapping[str, Any], hide: list[str]) -> str:
+        try:
+            return compiled.render(context)
+        except jinja2.UndefinedError as exc:
+            # Usually "'code' is undefined"; `{{ table[code] }}` would quote the value, though.
+            detail = one_line(exc.message or "undefined variable", hide=hide)
+            raise TemplateError(f"template {compiled.name} failed: {detail}") from None
+        except Exception as exc:  # a filter's message could quote a value, so keep only the type
+            raise TemplateError(f"template {compiled.name} failed: {type(exc).__name__}") from None

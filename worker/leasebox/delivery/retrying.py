@@ -1,0 +1,113 @@
+"""What to do after a failed send: how long to wait, and whether to try again at all.
+
+This is the pure half of the worker's failure handling, kept apart from I/O so that the
+backoff curve and the classification table are tested exhaustively without a database or a
+provider. The runtime asks two questions per failure: `classify(exc)` (retry, or dead letter
+with which reason?) and `backoff_delay(attempt, ...)` (how long until the row is ready again?).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from leasebox.delivery.providers.base import one_line
+from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError
+from leasebox.states import DeadReason
+
+DEFAULT_BACKOFF_BASE = 2.0
+DEFAULT_BACKOFF_MAX = 300.0
+DEFAULT_MAX_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure: `error_class` is `transient` or `permanent`.
+
+    `code` is short and low-cardinality (`smtp_550`, `timeout`, `template`): it becomes the
+    `error_class` label of the retry metric and the `last_error_class` column. `detail` is one
+    bounded line that is safe to log and store: never a body, a secret or a password.
+    """
+
+    error_class: str
+    code: str
+    detail: str
+
+    @property
+    def transient(self) -> bool:
+        return self.error_class == TRANSIENT
+
+    @property
+    def dead_reason(self) -> DeadReason:
+        """The dead-letter reason if this failure ends the message now."""
+        if self.code in _INVALID_MESSAGE_CODES:
+            return DeadReason.INVALID_MESSAGE
+        return DeadReason.REJECTED
+
+
+_INVALID_MESSAGE_CODES = frozenset({"template"})
+
+
+def classify(exc: BaseException) -> Failure:
+    """Map an exception raised while preparing or sending a message to a `Failure`.
+
+    | exception                              | class     | code                     |
+    |----------------------------------------|-----------|--------------------------|
+    | `ProviderError`                        | its own   | its own (`smtp_550`, ..) |
+    | template error (missing, undefined)    | permanent | `template`               |
+    | `PayloadKeyError` (secrets unreadable) | transient | `payload_keys`           |
+    | `TimeoutError`                         | transient | `timeout`                |
+    | `ConnectionError`, other `OSError`     | transient | `connection`             |
+    | anything else                          | transient | `unexpected`             |
+
+    Unreadable secrets are transient on purpose: during a key rotation one worker may lack
+    the new key, and the attempt limit still ends a message that never decrypts.
+    Unknown exceptions are transient for the same reason: a bug in one worker version must
+    not dead-letter every message it touches; the attempt limit bounds the damage.
+    Messages of unknown exceptions are not kept: they may quote anything.
+    """
+    if isinstance(exc, ProviderError):
+        return Failure(exc.error_class, exc.code, one_line(str(exc)) or exc.code)
+    if _is_template_error(exc):
+        return Failure(PERMANENT, "template", one_line(str(exc)) or "template error")
+    if isinstance(exc, PayloadKeyError):
+        return Failure(TRANSIENT, "payload_keys", one_line(str(exc)))
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return Failure(TRANSIENT, "timeout", "the send timed out")
+    if isinstance(exc, ConnectionError | OSError):
+        return Failure(TRANSIENT, "connection", f"connection failed ({type(exc).__name__})")
+    return Failure(TRANSIENT, "unexpected", f"unexpected {type(exc).__name__}")
+
+
+def _is_template_error(exc: BaseException) -> bool:
+    # Imported lazily: rendering pulls in Jinja2, which the pure tests need not load.
+    from leasebox.errors import TemplateError
+
+    return isinstance(exc, TemplateError)
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    base: float = DEFAULT_BACKOFF_BASE,
+    cap: float = DEFAULT_BACKOFF_MAX,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """Seconds to wait after failed attempt number `attempt` (1 for the first).
+
+    The ceiling is `min(cap, base * 2**(attempt-1))`; the delay is drawn uniformly from its
+    upper half ("equal jitter"), so retries of a burst spread out yet never come back sooner
+    than half the nominal delay. `rng` returns a float in [0, 1) and is injected by tests.
+    """
+    if attempt < 1:
+        raise ValueError("attempt counts from 1")
+    exponent = min(attempt - 1, 62)  # 2**62 * base overflows nothing and exceeds any cap
+    ceiling = min(cap, base * float(2**exponent))
+    return ceiling / 2 + ceiling / 2 * rng()
+
+
+def should_retry(failure: Failure, attempts: int, max_attempts: int) -> bool:
+    """A transient failure is retried while the message has attempts left."""
+    return failure.transient and attempts < max_attempts

@@ -1,0 +1,187 @@
+"""The process around a `Worker`: start-up checks, the connection pool, signals, health server.
+
+Start-up does every check that can fail because of a setting (provider URL, templates, keys,
+database reachable and migrated, provider reachable and accepting the credentials, metrics
+port free) *before* anything is claimed, and turns each failure into one `LeaseboxError`
+line: a misconfigured worker exits non-zero without touching a row, instead of crash-looping
+with rows in its hands. Failures after start-up (a database restart, a provider outage) are
+the runtime's business: it retries and `/readyz` says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo
+from psycopg_pool import AsyncConnectionPool
+
+from leasebox.db.connections import (
+    APPLICATION_NAME,
+    CONNECT_TIMEOUT,
+    POOL_TIMEOUT,
+    connection_error,
+)
+from leasebox.db.queries import query
+from leasebox.delivery.providers import provider_from_url
+from leasebox.delivery.providers.base import Provider
+from leasebox.delivery.rendering import TemplateRenderer
+from leasebox.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    LeaseboxError,
+    NotMigrated,
+    ProviderError,
+    ProviderUnavailable,
+)
+from leasebox.producer.payload_crypto import default_cipher
+from leasebox.runtime.health import HealthServer, build_app
+from leasebox.runtime.metrics import WorkerMetrics
+from leasebox.runtime.settings import WorkerSettings
+from leasebox.runtime.worker import Worker
+
+log = logging.getLogger("leasebox.worker")
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """What a worker process needs beyond `WorkerSettings`: where things are.
+
+    metrics_port: 0 turns the HTTP server off.
+    """
+
+    settings: WorkerSettings
+    dsn: str
+    provider_url: str = field(repr=False)
+    templates_dir: Path | None = None
+    provider_timeout: float = 10.0
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
+    metrics_port: int = 9108
+
+
+async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> int:
+    """Run one worker process until SIGTERM (or drained); returns the exit code."""
+    settings = config.settings
+    provider = provider_from_url(config.provider_url, timeout=config.provider_timeout)
+    renderer = TemplateRenderer(config.templates_dir)
+    cipher = default_cipher()
+    await check_database(config.dsn, settings.schema)
+    await start_provider(provider)
+    pool = AsyncConnectionPool(
+        config.dsn,
+        min_size=2,
+        max_size=4,
+        open=False,
+        timeout=POOL_TIMEOUT,
+        name="leasebox-worker",
+        kwargs={
+            "autocommit": True,
+            "application_name": f"{APPLICATION_NAME}-worker",
+            "connect_timeout": CONNECT_TIMEOUT,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+        },
+    )
+    health: HealthServer | None = None
+    try:
+        await _open_pool(pool, config.dsn)
+        worker = Worker(
+            settings,
+            pool,
+            provider,
+            renderer,
+            dsn=config.dsn if settings.listen else None,
+            cipher=cipher,
+            metrics=metrics,
+        )
+        if config.metrics_port:
+            health = HealthServer(
+                build_app(worker.metrics, worker.readiness_problem),
+                config.metrics_host,
+                config.metrics_port,
+            )
+            await health.start()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.request_stop)
+        try:
+            await worker.run()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+        return 1 if worker.failed else 0
+    finally:
+        if health is not None:
+            await health.stop()
+        await pool.close()
+        await provider.close()
+
+
+async def check_database(dsn: str, schema: str) -> None:
+    """Connect once and check the schema: `DatabaseUnavailable` or `NotMigrated` if not."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            application_name=f"{APPLICATION_NAME}-worker",
+        )
+    except psycopg.OperationalError as exc:
+        raise connection_error(dsn, exc) from None
+    except psycopg.ProgrammingError:
+        raise ConfigurationError(
+            "the DSN cannot be parsed; expected postgresql://user@host/db"
+        ) from None
+    async with conn:
+        cur = await conn.execute(query("schema_present", schema), {"schema_name": schema})
+        row = await cur.fetchone()
+    if not row or not row[0]:
+        raise NotMigrated(schema)
+
+
+async def start_provider(provider: Provider) -> None:
+    """Open the provider's connections, or one line saying why it cannot."""
+    try:
+        await provider.start()
+    except ProviderError as exc:
+        await provider.close()
+        raise ProviderUnavailable(f"cannot start the {provider.name} provider: {exc}") from None
+
+
+async def _open_pool(pool: AsyncConnectionPool[Any], dsn: str) -> None:
+    try:
+        await pool.open(wait=True, timeout=CONNECT_TIMEOUT * 2)
+    except Exception as exc:  # the pool wraps what went wrong; the reason is one line
+        raise DatabaseUnavailable(
+            f"cannot open the connection pool: {type(exc).__name__}"
+        ) from None
+
+
+def secret_values(config: ProcessConfig, environ: Mapping[str, str]) -> list[str]:
+    """Values no log line may show: passwords, API tokens, payload keys (masked if seen)."""
+    from leasebox.delivery.providers.urls import parse_provider_url
+    from leasebox.producer.payload_crypto import keys_from_environment
+
+    values: list[str] = []
+    with contextlib.suppress(psycopg.ProgrammingError):
+        password = conninfo.conninfo_to_dict(config.dsn).get("password")
+        if password:
+            values.append(str(password))
+    with contextlib.suppress(LeaseboxError):
+        url = parse_provider_url(config.provider_url)
+        if url.password:
+            values.append(url.password)
+        token_env = url.options.get("token_env")
+        if token_env and environ.get(token_env):
+            values.append(environ[token_env])
+    values.extend(keys_from_environment(environ))
+    return values

@@ -1,0 +1,114 @@
+"""The worker's settings: one frozen, validated value built once at start-up.
+
+Flags and `LEASEBOX_*` variables are parsed by the command; everything that decides how the
+runtime behaves is here, checked in one place, so that a bad value stops the worker with one
+line before it claims anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+
+from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
+from leasebox.delivery.retrying import (
+    DEFAULT_BACKOFF_BASE,
+    DEFAULT_BACKOFF_MAX,
+    DEFAULT_MAX_ATTEMPTS,
+)
+from leasebox.errors import ConfigurationError
+from leasebox.messages import BUILTIN_KINDS, KIND_PATTERN
+
+DEFAULT_CONCURRENCY = 32
+DEFAULT_LEASE_SECONDS = 45.0
+DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_GRACE_SECONDS = 30.0
+
+
+def default_worker_id() -> str:
+    """`hostname-pid`: unique per process, and the pod name on Kubernetes."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How one worker process claims, sends and settles messages.
+
+    kinds: message kinds this worker claims (it never touches others).
+    schema: the PostgreSQL schema holding the outbox.
+    concurrency: sends in flight at once.
+    batch_size: most rows claimed per statement; also how many claimed rows may wait for a
+        free send slot, so that a slot never waits for a claim round trip.
+    lease_seconds: how long a claim is exclusive; a send still running at half of it extends it.
+    poll_interval: longest idle wait before looking for ready rows again (NOTIFY wakes sooner).
+    listen: wake on the outbox's NOTIFY as rows arrive; polling alone when False.
+    grace_seconds: after SIGTERM, how long in-flight sends may take to finish.
+    drain: exit once nothing is ready (batch jobs, benchmarks) instead of waiting for more.
+    max_attempts: attempt limit for rows that carry none of their own (a row's own wins).
+    backoff_base, backoff_max: retry delay `min(max, base * 2**(attempt-1))`, with jitter.
+    worker_id: recorded in `leased_by`, and in every log line.
+    """
+
+    kinds: tuple[str, ...] = BUILTIN_KINDS
+    schema: str = DEFAULT_SCHEMA
+    concurrency: int = DEFAULT_CONCURRENCY
+    batch_size: int = DEFAULT_CONCURRENCY
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    listen: bool = True
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    drain: bool = False
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_base: float = DEFAULT_BACKOFF_BASE
+    backoff_max: float = DEFAULT_BACKOFF_MAX
+    worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        if not self.kinds:
+            raise ConfigurationError("at least one message kind is needed")
+        bad = [k for k in self.kinds if not re.fullmatch(KIND_PATTERN, k)]
+        if bad:
+            raise ConfigurationError(
+                f"invalid kind {bad[0]!r}: kinds are lower-case identifiers like otp or invite"
+            )
+        if len(set(self.kinds)) != len(self.kinds):
+            raise ConfigurationError("the kind list names a kind twice")
+        validate_schema_name(self.schema)
+        _at_least("concurrency", self.concurrency, 1)
+        _at_least("batch size", self.batch_size, 1)
+        _at_least("max attempts", self.max_attempts, 1)
+        _at_least("lease", self.lease_seconds, 1.0)
+        _positive("poll interval", self.poll_interval)
+        _positive("backoff base", self.backoff_base)
+        _at_least("grace", self.grace_seconds, 0.0)
+        if self.backoff_max < self.backoff_base:
+            raise ConfigurationError("the backoff maximum must be at least the backoff base")
+        if not self.worker_id or len(self.worker_id) > 200:
+            raise ConfigurationError("the worker id must have 1 to 200 characters")
+
+    @property
+    def capacity(self) -> int:
+        """Most rows held at once: those sending, plus a batch waiting for a slot."""
+        return self.concurrency + self.batch_size
+
+    @property
+    def extend_interval(self) -> float:
+        """How often held leases are checked; a lease is extended once half of it is gone."""
+        return max(0.1, self.lease_seconds / 4)
+
+    @property
+    def sweep_interval(self) -> float:
+        """How often expired leases are reclaimed and expired OTPs dead-lettered."""
+        return min(15.0, max(0.5, self.lease_seconds / 3))
+
+
+def _at_least(name: str, value: float, minimum: float) -> None:
+    if not value >= minimum:
+        raise ConfigurationError(f"the {name} must be at least {minimum:g}, got {value:g}")
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigurationError(f"the {name} must be positive, got {value:g}")

@@ -1,0 +1,98 @@
+"""The worker's chores for everyone: sweeps, and waking up when rows arrive.
+
+A worker's sends are only half its job. Leases other workers left behind when they died
+must be reclaimed (or their rows would wait forever); OTPs that outlived their TTL must be
+dead-lettered (never sent late); and an idle worker should wake when rows arrive rather
+than at its next poll. Each sweep is one cheap, batched statement (`leasebox.store.sweeps`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from leasebox.db.connections import STATEMENT_TIMEOUT
+from leasebox.db.queries import query
+from leasebox.runtime.metrics import WorkerMetrics
+from leasebox.runtime.settings import WorkerSettings
+from leasebox.states import DeadReason, Status
+from leasebox.store import sweeps
+
+log = logging.getLogger("leasebox.worker")
+
+SWEEP_LIMIT = 500
+_LISTEN_RETRY_MAX = 5.0
+
+
+async def sweep(
+    pool: AsyncConnectionPool,
+    settings: WorkerSettings,
+    metrics: WorkerMetrics,
+    clock: Callable[[], datetime | None],
+) -> int:
+    """Reclaim expired leases and dead-letter expired OTPs; returns rows touched."""
+    touched = 0
+    while True:
+        async with asyncio.timeout(STATEMENT_TIMEOUT), pool.connection() as conn:
+            reclaimed = await sweeps.reclaim_expired_leases(
+                conn,
+                limit=SWEEP_LIMIT,
+                default_max_attempts=settings.max_attempts,
+                schema=settings.schema,
+                now=clock(),
+            )
+            expired = await sweeps.dead_letter_expired(
+                conn, limit=SWEEP_LIMIT, schema=settings.schema, now=clock()
+            )
+        for row in reclaimed:
+            metrics.kind(row.kind).leases_reclaimed.inc()
+            if row.status is Status.DEAD:
+                metrics.dead_letters.labels(row.kind, DeadReason.ATTEMPTS_EXHAUSTED).inc()
+            log.info(
+                "reclaimed an expired lease (%s)",
+                row.status,
+                extra={"outbox_id": row.id, "kind": row.kind},
+            )
+        for gone in expired:
+            metrics.dead_letters.labels(gone.kind, DeadReason.EXPIRED).inc()
+            log.warning(
+                "dead-lettered (expired): not sent before its expiry",
+                extra={"outbox_id": gone.id, "kind": gone.kind, "reason": DeadReason.EXPIRED},
+            )
+        touched += len(reclaimed) + len(expired)
+        if len(reclaimed) < SWEEP_LIMIT and len(expired) < SWEEP_LIMIT:
+            return touched
+
+
+async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
+    """Set `wake` whenever rows are inserted into `schema`'s outbox; reconnects forever.
+
+    The trigger notifies once per INSERT statement with the schema as payload, so one
+    channel serves every schema on the server.
+    """
+    failures = 0
+    while True:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, application_name="leasebox-worker-listen", connect_timeout=5
+            )
+            async with conn:
+                await conn.execute(query("listen", schema))
+                failures = 0
+                wake.set()  # notifications may have been missed while away
+                async for notify in conn.notifies():
+                    if notify.payload == schema:
+                        wake.set()
+        except (psycopg.Error, OSError) as exc:
+            failures += 1
+            if failures == 1:
+                log.warning(
+                    "NOTIFY listener lost its connection; polling meanwhile",
+                    extra={"error_class": type(exc).__name__},
+                )
+            await asyncio.sleep(min(_LISTEN_RETRY_MAX, 0.5 * failures))

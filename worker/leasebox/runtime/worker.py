@@ -1,0 +1,437 @@
+"""The worker runtime: claim under a lease, send with bounded concurrency, settle, repeat.
+
+One asyncio task claims: whenever fewer than `capacity` rows are held it claims up to a
+batch in one committed statement and queues the rows for `concurrency` sender tasks. When a
+claim comes back short, the queue is drained, and the claimer waits for a NOTIFY or the poll
+interval. Senders render, send, and hand the outcome to the `CompletionBatcher`, which
+settles rows in batches conditional on their lease tokens. Beside them run a lease keeper
+(extends leases past half their time), a sweeper (reclaims other workers' expired leases,
+dead-letters expired OTPs) and a NOTIFY listener.
+
+Stopping (SIGTERM): the claimer stops; rows still queued are released at once for other
+workers; running sends get `grace_seconds` to finish, after which they are cancelled and
+released too; the outcomes are written; then `run` returns.
+
+Time: `clock()` gives the `now` passed to SQL (None = the database's clock); tests inject a
+datetime so that leases, backoff and expiry move without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from leasebox.db.connections import DATABASE_ERRORS, STATEMENT_TIMEOUT
+from leasebox.delivery.providers.base import Email, Provider, reads_content
+from leasebox.delivery.rendering import RenderedEmail
+from leasebox.delivery.retrying import (
+    Failure,
+    backoff_delay,
+    classify,
+    should_retry,
+)
+from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
+from leasebox.runtime import leases, upkeep
+from leasebox.runtime.completion import CompletionBatcher, Outcome
+from leasebox.runtime.leases import Held
+from leasebox.runtime.logs import message_fields
+from leasebox.runtime.metrics import WorkerMetrics
+from leasebox.runtime.settings import WorkerSettings
+from leasebox.states import DeadReason
+from leasebox.store import claiming
+from leasebox.store.claiming import ClaimedMessage
+from leasebox.store.settling import Dead, Release, Retry, Sent
+
+log = logging.getLogger("leasebox.worker")
+
+_DB_RETRY_MAX = 5.0
+_SETTLE_TIMEOUT = 5.0
+
+
+class Renderer(Protocol):
+    """What the worker needs of `leasebox.delivery.rendering.TemplateRenderer`."""
+
+    def render(
+        self, template: str, data: Mapping[str, Any], secrets: Mapping[str, str]
+    ) -> RenderedEmail: ...
+
+
+def database_clock() -> datetime | None:
+    """The production clock: None, so every statement uses the database's `now()`."""
+    return None
+
+
+class Worker:
+    """One worker process's runtime; `run()` returns after a stop or, with `drain`, when idle."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        pool: AsyncConnectionPool,
+        provider: Provider,
+        renderer: Renderer,
+        *,
+        dsn: str | None = None,
+        cipher: PayloadCipher | None = None,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], datetime | None] = database_clock,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or WorkerMetrics()
+        self.metrics.start_series(settings.kinds)
+        self._pool = pool
+        self._provider = provider
+        self._renderer = renderer
+        self._reads_content = reads_content(provider)
+        self._dsn = dsn
+        self._cipher = cipher or default_cipher()
+        self._clock = clock
+        self._rng = rng
+        self._held: dict[int, Held] = {}
+        self._queue: asyncio.Queue[Held | None] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._completions = CompletionBatcher(
+            pool,
+            self.metrics,
+            schema=settings.schema,
+            clock=clock,
+            on_settled=self._settled,
+            statement_timeout=STATEMENT_TIMEOUT,
+        )
+        self._close_deadline: float | None = None
+        self.database_problem: str | None = None
+        self.failed = False
+
+    # -- control -----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop; a second request skips what is left of the grace period."""
+        if self._stop.is_set():
+            self._hurry.set()
+            return
+        log.info("stopping: no new claims, finishing sends in flight")
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def held(self) -> int:
+        """Rows claimed and not yet settled."""
+        return len(self._held)
+
+    async def readiness_problem(self) -> str | None:
+        """None when the database answers and the provider is healthy, else why not."""
+        try:
+            async with asyncio.timeout(3.0), self._pool.connection() as conn:
+                await conn.execute("SELECT 1")
+        except (*DATABASE_ERRORS, psycopg.Error) as exc:
+            return f"database unreachable ({type(exc).__name__})"
+        try:
+            async with asyncio.timeout(5.0):
+                problem = await self._provider.check()
+        except TimeoutError:
+            return "provider check timed out"
+        return f"provider: {problem}" if problem else None
+
+    # -- the run -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Claim and send until stopped (or drained), then settle and return."""
+        s = self.settings
+        log.info(
+            "worker started",
+            extra={
+                "worker_id": s.worker_id,
+                "kinds": ",".join(s.kinds),
+                "concurrency": s.concurrency,
+                "lease_seconds": s.lease_seconds,
+                "provider": self._provider.name,
+            },
+        )
+        flusher = self._spawn(self._completions.run(lambda: self._close_deadline), "completions")
+        senders = [self._spawn(self._send_loop(), "sender") for _ in range(s.concurrency)]
+        helpers = [
+            self._spawn(self._lease_keeper(), "lease keeper"),
+            self._spawn(self._sweeper(), "sweeper"),
+        ]
+        if s.listen and self._dsn:
+            helpers.append(self._spawn(self._listener(), "listener"))
+        try:
+            await self._claim_loop()
+        finally:
+            await self._shut_down(senders, helpers, flusher)
+        log.info("worker stopped", extra={"worker_id": s.worker_id})
+
+    def _spawn(self, work: Awaitable[None], name: str) -> asyncio.Task[None]:
+        async def supervised() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("internal error in the %s; stopping", name)
+                self.failed = True
+                self._stop.set()
+                self._hurry.set()
+
+        return asyncio.get_running_loop().create_task(supervised(), name=f"leasebox {name}")
+
+    async def _shut_down(
+        self,
+        senders: list[asyncio.Task[None]],
+        helpers: list[asyncio.Task[None]],
+        flusher: asyncio.Task[None],
+    ) -> None:
+        self._stop.set()
+        while not self._queue.empty():
+            held = self._queue.get_nowait()
+            if held is not None:
+                self._completions.put(Outcome(held.message, Release(held.lease)))
+        for _ in senders:
+            self._queue.put_nowait(None)
+        grace = self.settings.grace_seconds
+        if any(not t.done() for t in senders):
+            # All senders done, or a second stop request, or the grace period over.
+            finished = asyncio.ensure_future(asyncio.wait(senders))
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait(
+                [finished, hurry], timeout=grace, return_when=asyncio.FIRST_COMPLETED
+            )
+            finished.cancel()
+            hurry.cancel()
+        late = [t for t in senders if not t.done()]
+        if late:
+            log.warning("grace period over: %d sends cancelled, rows released", len(late))
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        self._close_deadline = time.monotonic() + _SETTLE_TIMEOUT
+        await self._completions.close(_SETTLE_TIMEOUT)
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        s = self.settings
+        failures = 0
+        swept = False  # drain mode: swept since the last claim that found rows
+        while not self._stop.is_set():
+            room = s.capacity - len(self._held)
+            if room <= 0:
+                self._room.clear()
+                await self._until(self._room, None)
+                continue
+            self._wake.clear()
+            try:
+                claimed = await self._claim(min(room, s.batch_size))
+            except DATABASE_ERRORS as exc:
+                failures += 1
+                delay = min(_DB_RETRY_MAX, s.poll_interval * failures)
+                self._database_failed("claim", exc, failures)
+                await self._until(self._stop, delay)
+                continue
+            if failures:
+                log.info("database reachable again", extra={"worker_id": s.worker_id})
+                failures = 0
+            swept = swept and not claimed
+            self.database_problem = None
+            if len(claimed) == min(room, s.batch_size):
+                continue
+            if s.drain:
+                if not self._held and not claimed:
+                    if swept:
+                        log.info("drained: nothing is ready", extra={"worker_id": s.worker_id})
+                        return
+                    # Take back what dead workers left, then look once more before leaving.
+                    try:
+                        await self.sweep()
+                    except DATABASE_ERRORS as exc:
+                        failures += 1
+                        self._database_failed("sweep", exc, failures)
+                        await self._until(self._stop, min(_DB_RETRY_MAX, s.poll_interval))
+                        continue
+                    swept = True
+                    continue
+                self._room.clear()
+                await self._until(self._room, None)
+                continue
+            await self._until(self._wake, s.poll_interval)
+
+    async def _claim(self, limit: int) -> list[ClaimedMessage]:
+        s = self.settings
+        started = time.monotonic()
+        async with asyncio.timeout(STATEMENT_TIMEOUT), self._pool.connection() as conn:
+            rows = await claiming.claim(
+                conn,
+                kinds=s.kinds,
+                limit=limit,
+                lease_seconds=s.lease_seconds,
+                worker_id=s.worker_id,
+                schema=s.schema,
+                now=self._clock(),
+            )
+        for message in rows:
+            held = Held(message, started, started + s.lease_seconds)
+            self._held[message.id] = held
+            self.metrics.kind(message.kind).claimed.inc()
+            self._queue.put_nowait(held)
+        return rows
+
+    async def _until(self, event: asyncio.Event, at_most: float | None) -> None:
+        """Wait for `event` or a stop, at most `at_most` seconds (None: no limit)."""
+        waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=at_most, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def _settled(self, outbox_id: int) -> None:
+        self._held.pop(outbox_id, None)
+        self._room.set()
+
+    def _database_failed(self, what: str, exc: BaseException, failures: int) -> None:
+        self.database_problem = f"database unavailable ({type(exc).__name__})"
+        if failures == 1 or failures % 20 == 0:
+            log.warning(
+                "%s failed: database unavailable, retrying",
+                what,
+                extra={"error_class": type(exc).__name__, "worker_id": self.settings.worker_id},
+            )
+
+    # -- sending -----------------------------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        while True:
+            held = await self._queue.get()
+            if held is None:
+                return
+            await self._deliver(held)
+
+    async def _deliver(self, held: Held) -> None:
+        message = held.message
+        if self._stop.is_set() or held.lost or time.monotonic() >= held.deadline:
+            if not self._stop.is_set():
+                log.warning("lease ran out before the send started", extra=message_fields(message))
+            self._completions.put(Outcome(message, Release(held.lease)))
+            return
+        if message.expires_at is not None and message.expires_at <= self._db_now(held):
+            self._finish(
+                held,
+                Dead(held.lease, DeadReason.EXPIRED, "expired before it could be sent", "expired"),
+            )
+            return
+        try:
+            email = self._prepare(message)
+        except Exception as exc:
+            self._failed(held, classify(exc))
+            return
+        self.metrics.inflight.inc()
+        started = time.monotonic()
+        try:
+            result = await self._provider.send(email)
+        except asyncio.CancelledError:
+            self._completions.put(Outcome(message, Release(held.lease)))
+            raise
+        except Exception as exc:
+            self._failed(held, classify(exc))
+            return
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.kind(message.kind).send_duration.observe(time.monotonic() - started)
+        self._finish(held, Sent(held.lease, result.provider_message_id))
+
+    def _prepare(self, message: ClaimedMessage) -> Email:
+        if self._reads_content:
+            secrets = self._cipher.open(message.secrets) if message.secrets else {}
+            rendered = self._renderer.render(message.template, message.data, secrets)
+        else:
+            rendered = RenderedEmail(subject="", text="", html=None)
+        return Email(
+            outbox_id=message.id,
+            kind=message.kind,
+            aggregate_id=message.aggregate_id,
+            delivery_key=message.delivery_key,
+            recipient=message.recipient,
+            subject=rendered.subject,
+            text=rendered.text,
+            html=rendered.html,
+            attempt=message.attempts,
+        )
+
+    def _db_now(self, held: Held) -> datetime:
+        """The database's time now: the injected clock, or the claim's timestamp plus the
+        time elapsed here since (the database's clock is the one all workers share)."""
+        injected = self._clock()
+        if injected is not None:
+            return injected
+        elapsed = time.monotonic() - held.claimed_at
+        return held.message.claimed_at + timedelta(seconds=elapsed)
+
+    def _failed(self, held: Held, failure: Failure) -> None:
+        message = held.message
+        limit = message.max_attempts or self.settings.max_attempts
+        action: Retry | Dead
+        if should_retry(failure, message.attempts, limit):
+            delay = backoff_delay(
+                message.attempts,
+                base=self.settings.backoff_base,
+                cap=self.settings.backoff_max,
+                rng=self._rng,
+            )
+            action = Retry(held.lease, delay, failure.detail, failure.code)
+        elif failure.transient:
+            action = Dead(held.lease, DeadReason.ATTEMPTS_EXHAUSTED, failure.detail, failure.code)
+        else:
+            action = Dead(held.lease, failure.dead_reason, failure.detail, failure.code)
+        self._finish(held, action)
+
+    def _finish(self, held: Held, action: Sent | Retry | Dead) -> None:
+        self._completions.put(Outcome(held.message, action))
+
+    # -- leases, sweeps and wake-ups ---------------------------------------------------------
+
+    async def _lease_keeper(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.extend_interval)
+            try:
+                await leases.extend_due_leases(self._pool, self._held, self.settings, self._clock())
+            except DATABASE_ERRORS as exc:
+                self._database_failed("lease extension", exc, 1)
+
+    async def _sweeper(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except DATABASE_ERRORS as exc:
+                self._database_failed("sweep", exc, 1)
+            await asyncio.sleep(self.settings.sweep_interval)
+
+    async def sweep(self) -> int:
+        """Reclaim expired leases and dead-letter expired OTPs; returns rows touched."""
+        touched = await upkeep.sweep(self._pool, self.settings, self.metrics, self._clock)
+        if touched:
+            self._wake.set()
+        return touched
+
+    async def _listener(self) -> None:
+        assert self._dsn is not None
+        await upkeep.listen_for_rows(self._dsn, self.settings.schema, self._wake)

@@ -1,0 +1,1 @@
+"""`leasebox simulate`: the scaling policy against HPA/KEDA-style baselines on synthetic load."""

@@ -1,0 +1,55 @@
+"""The states of an outbox row and the reasons a row becomes a dead letter.
+
+The SQL writes these values as literals (`status = 'pending'`); Python names them here, and
+a test checks that both agree with the schema's CHECK constraint and with every literal the
+queries use. Each state says what moves a row into it and what moves it out:
+
+    pending --claim--> processing --sent (lease token matches)--> sent
+       ^                   |  \\--permanent error / attempts exhausted / expired--> dead
+       |                   |--transient error--> pending (available_at = now + backoff)
+       |                   \\--lease released or expired--> pending (or dead, out of attempts)
+    dead --requeue (a person: `leasebox dead-letters requeue`)--> pending
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """Where a row is in its life; the `status` column."""
+
+    PENDING = "pending"
+    """Waiting for a worker. Claimable once `available_at` has passed (a retry waits out its
+    backoff here). Leaves by a claim (to `processing`) or, for a row past its `expires_at`,
+    by the expiry sweep (to `dead`, reason `expired`)."""
+
+    PROCESSING = "processing"
+    """Leased by one worker until `lease_expires_at`; only the holder of `lease_token` may
+    settle it. Leaves when the holder records the outcome (`sent`, `pending` for a retry,
+    `dead`), releases the lease unsent on shutdown (`pending`), or when another worker
+    reclaims the expired lease (`pending`, or `dead` once out of attempts)."""
+
+    SENT = "sent"
+    """The provider accepted the message. Final; `leasebox prune` deletes the row after the
+    retention."""
+
+    DEAD = "dead"
+    """Not sent and not going to be without a person: see `dead_reason`. Leaves only by
+    `leasebox dead-letters requeue` (to `pending`, fresh attempts) or `purge` (deleted)."""
+
+
+class DeadReason(StrEnum):
+    """Why a row is a dead letter; the `dead_reason` column and a metric label."""
+
+    REJECTED = "rejected"
+    """The provider refused the message for good (SMTP 5xx, HTTP 4xx other than 408/429)."""
+
+    INVALID_MESSAGE = "invalid_message"
+    """The message cannot be built: its template is missing or lacks a variable."""
+
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    """Every attempt failed transiently, or its workers kept dying while holding it."""
+
+    EXPIRED = "expired"
+    """Its `expires_at` passed before it could be written to the wire: never sent late."""

@@ -1,0 +1,106 @@
+"""Claiming rows under a lease, and keeping the lease while a send runs.
+
+A claim is one statement on an autocommit connection: it picks ready rows of the worker's
+kinds (`FOR UPDATE SKIP LOCKED`, oldest availability first), marks them `processing` with
+a fresh lease token and counts the attempt, and commits before the caller sends anything,
+so no lock outlives the statement. The token is what every later statement about the row
+must match (`settling`), so a worker that lost its lease can no longer touch the row.
+
+`now` is None in production (the database's clock, shared by all workers); tests pass a
+datetime to move time without sleeping.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+
+from leasebox.db.queries import DEFAULT_SCHEMA, query
+
+Connection = psycopg.AsyncConnection[Any]
+
+
+@dataclass(frozen=True)
+class ClaimedMessage:
+    """One outbox row as claimed: what to send, and the lease that allows settling it."""
+
+    id: int
+    kind: str
+    aggregate_id: str | None
+    recipient: str = field(repr=False)
+    template: str
+    data: dict[str, Any] = field(repr=False)
+    secrets: bytes | None = field(repr=False)
+    delivery_key: str
+    attempts: int
+    max_attempts: int | None
+    expires_at: datetime | None
+    lease_token: uuid.UUID
+    lease_expires_at: datetime
+    created_at: datetime
+    claimed_at: datetime
+
+    @property
+    def lease(self) -> LeaseRef:
+        return LeaseRef(self.id, self.lease_token)
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    """A row and the lease token its settling statement must match."""
+
+    id: int
+    token: uuid.UUID
+
+
+async def claim(
+    conn: Connection,
+    *,
+    kinds: Sequence[str],
+    limit: int,
+    lease_seconds: float,
+    worker_id: str,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> list[ClaimedMessage]:
+    """Lease up to `limit` ready rows of `kinds`, oldest availability first."""
+    if limit <= 0:
+        return []
+    params = {
+        "kinds": list(kinds),
+        "limit": limit,
+        "lease_seconds": lease_seconds,
+        "worker_id": worker_id,
+        "now": now,
+    }
+    async with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
+        await cur.execute(query("claim", schema), params)
+        return await cur.fetchall()
+
+
+async def extend_leases(
+    conn: Connection,
+    leases: Sequence[LeaseRef],
+    *,
+    lease_seconds: float,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> dict[int, datetime]:
+    """Push the leases' expiry to now + `lease_seconds`; returns id -> new expiry if owned."""
+    if not leases:
+        return {}
+    params = {
+        "ids": [lease.id for lease in leases],
+        "tokens": [lease.token for lease in leases],
+        "lease_seconds": lease_seconds,
+        "now": now,
+    }
+    async with conn.cursor() as cur:
+        await cur.execute(query("extend_leases", schema), params)
+        return {int(outbox_id): expiry async for outbox_id, expiry in cur}

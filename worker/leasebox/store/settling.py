@@ -1,0 +1,146 @@
+"""Settling claimed rows while the lease holds: sent, retry later, dead, or released unsent.
+
+Each statement takes many rows at once (the runtime batches outcomes) and matches each row
+on its lease token and `status = 'processing'`. It returns the ids that matched; an id
+missing from the answer is a lease the caller no longer owns (it stalled past the lease and
+another worker reclaimed the row), which the caller counts as lost and never retries.
+
+`now` is None in production (the database's clock); tests pass a datetime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from leasebox.db.queries import DEFAULT_SCHEMA, query
+from leasebox.states import DeadReason
+from leasebox.store.claiming import Connection, LeaseRef
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The provider accepted the message."""
+
+    lease: LeaseRef
+    provider_message_id: str | None
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A transient failure: pending again after `delay_seconds`."""
+
+    lease: LeaseRef
+    delay_seconds: float
+    error: str
+    error_class: str
+
+
+@dataclass(frozen=True)
+class Dead:
+    """A permanent failure, no attempts left, or expired: a dead letter with a reason."""
+
+    lease: LeaseRef
+    reason: DeadReason
+    error: str
+    error_class: str | None
+
+
+@dataclass(frozen=True)
+class Release:
+    """Not sent (shutdown, or the lease ran out before the send began): ready again at once,
+    with the claim's attempt given back."""
+
+    lease: LeaseRef
+
+
+Settlement = Sent | Retry | Dead | Release
+
+
+async def mark_sent(
+    conn: Connection,
+    items: Sequence[Sent],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> dict[int, float]:
+    """Mark rows sent; returns id -> seconds from creation to sent for the rows still owned."""
+    if not items:
+        return {}
+    params = {
+        "ids": [item.lease.id for item in items],
+        "tokens": [item.lease.token for item in items],
+        "provider_message_ids": [item.provider_message_id for item in items],
+        "now": now,
+    }
+    async with conn.cursor() as cur:
+        await cur.execute(query("mark_sent", schema), params)
+        return {int(outbox_id): latency.total_seconds() async for outbox_id, latency in cur}
+
+
+async def schedule_retry(
+    conn: Connection,
+    items: Sequence[Retry],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> set[int]:
+    """Return rows to `pending`, ready again after their delay; returns the ids still owned."""
+    if not items:
+        return set()
+    params = {
+        "ids": [item.lease.id for item in items],
+        "tokens": [item.lease.token for item in items],
+        "delays": [item.delay_seconds for item in items],
+        "errors": [item.error for item in items],
+        "error_classes": [item.error_class for item in items],
+        "now": now,
+    }
+    return await _ids(conn, "schedule_retry", schema, params)
+
+
+async def mark_dead(
+    conn: Connection,
+    items: Sequence[Dead],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> set[int]:
+    """Dead-letter rows with a reason; returns the ids still owned."""
+    if not items:
+        return set()
+    params = {
+        "ids": [item.lease.id for item in items],
+        "tokens": [item.lease.token for item in items],
+        "reasons": [str(item.reason) for item in items],
+        "errors": [item.error for item in items],
+        "error_classes": [item.error_class for item in items],
+        "now": now,
+    }
+    return await _ids(conn, "mark_dead", schema, params)
+
+
+async def release_leases(
+    conn: Connection,
+    leases: Sequence[LeaseRef],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> set[int]:
+    """Give rows back unsent, ready at once, with the claim's attempt undone."""
+    if not leases:
+        return set()
+    params = {
+        "ids": [lease.id for lease in leases],
+        "tokens": [lease.token for lease in leases],
+        "now": now,
+    }
+    return await _ids(conn, "release_leases", schema, params)
+
+
+async def _ids(conn: Connection, name: str, schema: str, params: dict[str, Any]) -> set[int]:
+    async with conn.cursor() as cur:
+        await cur.execute(query(name, schema), params)
+        return {int(outbox_id) async for (outbox_id,) in cur}
