@@ -4,6 +4,12 @@
 per session with its data under `build/`. The leasebox schema is migrated once into a
 template database, and each test gets a fresh copy of it. Under `CI` a database that cannot
 be had fails the test instead of skipping it.
+
+Fixtures are named by what they are, with one prefix per kind of thing, in every directory:
+`db_*` for a database and what is bound to it (`db_dsn`, `db_conn`, `db_aconn`, `db_pool`,
+`db_now`, `db_insert`), `fake_*` for a test double (`fake_provider`, `fake_clock`), and
+`<protocol>_server` for a real server on loopback (`smtp_server`, `smtp_starttls_server`).
+The rigs they are built from live in `support/`.
 """
 
 from __future__ import annotations

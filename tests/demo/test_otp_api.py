@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.demo.otp_api import OtpApiSettings, build_app, code_digest, create_schema
-from leasebox.producer.enqueue import AbuseGuard
+from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 
 BODY = {"email": "ada@example.com", "user_id": "user-1"}

@@ -23,7 +23,7 @@ def smtp_server() -> Iterator[SmtpServer]:
 
 
 @pytest.fixture
-def starttls_server(tmp_path: Path) -> Iterator[SmtpServer]:
+def smtp_starttls_server(tmp_path: Path) -> Iterator[SmtpServer]:
     """An SMTP server that insists on STARTTLS, with a self-signed certificate."""
     yield from serve(
         RecordingHandler(), tls_context=self_signed_context(tmp_path), require_starttls=True

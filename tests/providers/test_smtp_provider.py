@@ -259,21 +259,23 @@ async def test_thirty_two_concurrent_sends_are_all_delivered_over_a_small_pool(
     assert len({d.session_id for d in delivered}) <= provider.settings.pool_size
 
 
-async def test_starttls_upgrades_the_connection_when_asked(starttls_server: SmtpServer) -> None:
-    provider = smtp(starttls_server.url("starttls=true&tls_verify=false"))
+async def test_starttls_upgrades_the_connection_when_asked(
+    smtp_starttls_server: SmtpServer,
+) -> None:
+    provider = smtp(smtp_starttls_server.url("starttls=true&tls_verify=false"))
     await provider.start()
     try:
         await provider.send(email())
     finally:
         await provider.close()
 
-    assert len(starttls_server.handler.delivered) == 1
+    assert len(smtp_starttls_server.handler.delivered) == 1
 
 
 async def test_an_unverifiable_certificate_fails_start_with_a_tls_error(
-    starttls_server: SmtpServer,
+    smtp_starttls_server: SmtpServer,
 ) -> None:
-    provider = smtp(starttls_server.url("starttls=true"))
+    provider = smtp(smtp_starttls_server.url("starttls=true"))
 
     with pytest.raises(PermanentProviderError) as caught:
         await provider.start()
@@ -284,9 +286,9 @@ async def test_an_unverifiable_certificate_fails_start_with_a_tls_error(
 
 
 async def test_a_server_that_requires_starttls_refuses_a_plain_session(
-    starttls_server: SmtpServer,
+    smtp_starttls_server: SmtpServer,
 ) -> None:
-    provider = smtp(starttls_server.url("starttls=false"))
+    provider = smtp(smtp_starttls_server.url("starttls=false"))
     await provider.start()  # the greeting and EHLO work without TLS
 
     with pytest.raises(ProviderError) as caught:

@@ -12,7 +12,7 @@ from support.reliability_rig import SmtpServer, SmtpSink, Workers
 
 
 @pytest.fixture
-def smtp() -> Iterator[SmtpServer]:
+def smtp_server() -> Iterator[SmtpServer]:
     server = SmtpServer(SmtpSink(), free_port())
     server.start()
     yield server
@@ -20,8 +20,8 @@ def smtp() -> Iterator[SmtpServer]:
 
 
 @pytest.fixture
-def workers(db_dsn: str, smtp: SmtpServer, tmp_path: Path) -> Iterator[Workers]:
-    rig = Workers(db_dsn, smtp.port, tmp_path)
+def worker_processes(db_dsn: str, smtp_server: SmtpServer, tmp_path: Path) -> Iterator[Workers]:
+    rig = Workers(db_dsn, smtp_server.port, tmp_path)
     try:
         yield rig
     finally:

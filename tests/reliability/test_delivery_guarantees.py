@@ -50,15 +50,15 @@ def report(label: str, sink: SmtpSink) -> int:
 
 
 def test_four_workers_deliver_5000_messages_exactly_once(
-    db_dsn: str, smtp: SmtpServer, workers: Workers
+    db_dsn: str, smtp_server: SmtpServer, worker_processes: Workers
 ) -> None:
-    sink = smtp.sink
+    sink = smtp_server.sink
     keys = seed(db_dsn, 5000)
     for _ in range(4):
-        workers.start(*POOLED, provider_options=PROVIDER_POOL)
+        worker_processes.start(*POOLED, provider_options=PROVIDER_POOL)
     wait_until(lambda: statuses(db_dsn) == {"sent": 5000}, 120, lambda: statuses(db_dsn))
-    sent = [w.metric('leasebox_sent_total{kind="otp"}') for w in workers.started]
-    workers.stop_all()
+    sent = [w.metric('leasebox_sent_total{kind="otp"}') for w in worker_processes.started]
+    worker_processes.stop_all()
     assert_each_delivered_with_its_own_message_id(sink, keys)
     assert report("no faults", sink) == 0
     assert sink.delivered == 5000
@@ -67,17 +67,17 @@ def test_four_workers_deliver_5000_messages_exactly_once(
 
 
 def test_killed_workers_cause_only_bounded_duplicates_with_the_same_message_id(
-    db_dsn: str, smtp: SmtpServer, workers: Workers
+    db_dsn: str, smtp_server: SmtpServer, worker_processes: Workers
 ) -> None:
-    sink = smtp.sink
+    sink = smtp_server.sink
     keys = seed(db_dsn, 5000)
     for _ in range(4):
-        workers.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
+        worker_processes.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
     chooser = random.Random(3)
     held_at_kill = []
     for fraction in (0.25, 0.5, 0.75):
         wait_until(lambda: sink.delivered >= 5000 * fraction, 120, lambda: sink.delivered)  # noqa: B023
-        victim = chooser.choice([w for w in workers.started if w.process.poll() is None])
+        victim = chooser.choice([w for w in worker_processes.started if w.process.poll() is None])
         with psycopg.connect(db_dsn) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM leasebox.outbox WHERE status = 'processing'"
@@ -87,9 +87,9 @@ def test_killed_workers_cause_only_bounded_duplicates_with_the_same_message_id(
         victim.process.send_signal(signal.SIGKILL)
         victim.process.wait(timeout=10)
         held_at_kill.append(row[0] if row else 0)
-        workers.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
+        worker_processes.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
     wait_until(lambda: statuses(db_dsn) == {"sent": 5000}, 120, lambda: statuses(db_dsn))
-    workers.stop_all()
+    worker_processes.stop_all()
     assert_each_delivered_with_its_own_message_id(sink, keys)
     extra = report(f"3 SIGKILLs (rows held at each kill: {held_at_kill})", sink)
     assert extra <= 3 * CAPACITY
@@ -103,27 +103,27 @@ def test_killed_workers_cause_only_bounded_duplicates_with_the_same_message_id(
 
 
 def test_transient_failures_are_retried_to_delivery_and_a_rejection_dead_letters_once(
-    db_dsn: str, smtp: SmtpServer, workers: Workers
+    db_dsn: str, smtp_server: SmtpServer, worker_processes: Workers
 ) -> None:
-    sink = smtp.sink
+    sink = smtp_server.sink
     sink.transient_ratio = 0.3
     sink.rejected.add("rejected@example.com")
     # 0.3**20: no message runs out of attempts by bad luck.
     keys = seed(db_dsn, 1000, max_attempts=20)
     [rejected_key] = seed(db_dsn, 1, recipient=lambda _: "rejected@example.com")
     for _ in range(2):
-        workers.start(*POOLED, provider_options=PROVIDER_POOL)
+        worker_processes.start(*POOLED, provider_options=PROVIDER_POOL)
     done = {"sent": 1000, "dead": 1}
     wait_until(lambda: statuses(db_dsn) == done, 120, lambda: statuses(db_dsn))
     retries = sum(
         w.metric('leasebox_retries_total{error_class="smtp_451",kind="otp"}')
-        for w in workers.started
+        for w in worker_processes.started
     )
     dead = sum(
         w.metric('leasebox_dead_letters_total{kind="otp",reason="rejected"}')
-        for w in workers.started
+        for w in worker_processes.started
     )
-    workers.stop_all()
+    worker_processes.stop_all()
     assert_each_delivered_with_its_own_message_id(sink, keys)
     assert report("30% transient failures", sink) == 0
     assert sink.transient_failures > 200
@@ -146,24 +146,24 @@ def test_transient_failures_are_retried_to_delivery_and_a_rejection_dead_letters
     "LEASEBOX_TEST_DSN names a shared server that must not be restarted",
 )
 def test_workers_reconnect_after_a_database_restart_and_lose_nothing(
-    db_dsn: str, smtp: SmtpServer, workers: Workers, pg_server: EmbeddedPostgres
+    db_dsn: str, smtp_server: SmtpServer, worker_processes: Workers, pg_server: EmbeddedPostgres
 ) -> None:
-    sink = smtp.sink
+    sink = smtp_server.sink
     sink.delay = 0.005
     keys = seed(db_dsn, 2000)
     for _ in range(2):
-        workers.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
+        worker_processes.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
     wait_until(lambda: sink.delivered >= 400, 60, lambda: sink.delivered)
     pg_server.restart(downtime_seconds=1.0)
     assert sink.delivered < 2000, "the restart came too late to matter"
     wait_until(lambda: statuses(db_dsn) == {"sent": 2000}, 120, lambda: _safe(db_dsn))
-    workers.stop_all()
+    worker_processes.stop_all()
     assert_each_delivered_with_its_own_message_id(sink, keys)
     extra = report("database restart", sink)
     assert extra <= 2 * CAPACITY
     # The outage reached the workers (a worker whose connections were all idle may notice it
     # only as a silent pool reconnect), and they survived it: `stop_all` saw exit code 0.
-    assert any("AdminShutdown" in w.log() for w in workers.started)
+    assert any("AdminShutdown" in w.log() for w in worker_processes.started)
 
 
 def _safe(dsn: str) -> object:
@@ -174,23 +174,23 @@ def _safe(dsn: str) -> object:
 
 
 def test_a_worker_stalled_past_its_lease_cannot_mark_sent_and_counts_the_loss(
-    db_dsn: str, smtp: SmtpServer, workers: Workers
+    db_dsn: str, smtp_server: SmtpServer, worker_processes: Workers
 ) -> None:
-    sink = smtp.sink
+    sink = smtp_server.sink
     sink.hold_once = "stall@example.com"
     [key] = seed(db_dsn, 1, recipient=lambda _: "stall@example.com")
-    first = workers.start(lease=SHORT_LEASE)
+    first = worker_processes.start(lease=SHORT_LEASE)
     wait_until(sink.holding.is_set, 30, first.log)
     # The stall: the process is frozen mid-send, so it can neither finish nor extend.
     first.process.send_signal(signal.SIGSTOP)
-    second = workers.start(lease=SHORT_LEASE)
+    second = worker_processes.start(lease=SHORT_LEASE)
     wait_until(lambda: statuses(db_dsn) == {"sent": 1}, 30, lambda: statuses(db_dsn))
     first.process.send_signal(signal.SIGCONT)
     sink.release.set()
     lost = 'leasebox_lease_lost_total{kind="otp"}'
-    workers.wait_ready(first)
+    worker_processes.wait_ready(first)
     wait_until(lambda: first.metric(lost) == 1, 30, first.log)
-    workers.stop_all()
+    worker_processes.stop_all()
     assert second.log().count('"reclaimed an expired lease (pending)"') == 1
     with psycopg.connect(db_dsn) as conn:
         row = conn.execute(
@@ -202,13 +202,13 @@ def test_a_worker_stalled_past_its_lease_cannot_mark_sent_and_counts_the_loss(
 
 
 def test_sigterm_during_a_burst_finishes_sends_and_releases_the_rest_at_once(
-    db_dsn: str, smtp: SmtpServer, workers: Workers
+    db_dsn: str, smtp_server: SmtpServer, worker_processes: Workers
 ) -> None:
-    sink = smtp.sink
+    sink = smtp_server.sink
     sink.delay = 3.0
     keys = seed(db_dsn, 40)
     # A long lease: released rows must be picked up because they were released, not expired.
-    first = workers.start(
+    first = worker_processes.start(
         "--concurrency",
         "4",
         "--batch-size",
@@ -227,7 +227,7 @@ def test_sigterm_during_a_burst_finishes_sends_and_releases_the_rest_at_once(
     assert first.process.wait(timeout=15) == 0, first.log()
     assert statuses(db_dsn) == {"sent": 4, "pending": 36}
     sink.delay = 0
-    second = workers.start("--drain", "--concurrency", "16", "--lease-seconds", "60")
+    second = worker_processes.start("--drain", "--concurrency", "16", "--lease-seconds", "60")
     assert second.process.wait(timeout=60) == 0, second.log()
     assert statuses(db_dsn) == {"sent": 40}
     assert_each_delivered_with_its_own_message_id(sink, keys)
@@ -235,12 +235,12 @@ def test_sigterm_during_a_burst_finishes_sends_and_releases_the_rest_at_once(
 
 
 def test_a_provider_outage_is_retried_and_reported_by_readiness(
-    db_dsn: str, smtp: SmtpServer, workers: Workers
+    db_dsn: str, smtp_server: SmtpServer, worker_processes: Workers
 ) -> None:
-    sink, port = smtp.sink, smtp.port
-    worker = workers.start()
-    workers.wait_ready(worker)
-    smtp.stop()
+    sink, port = smtp_server.sink, smtp_server.port
+    worker = worker_processes.start()
+    worker_processes.wait_ready(worker)
+    smtp_server.stop()
     keys = seed(db_dsn, 10, max_attempts=40)
     wait_until(
         lambda: worker.metric('leasebox_retries_total{error_class="connection",kind="otp"}') > 0,
@@ -250,8 +250,8 @@ def test_a_provider_outage_is_retried_and_reported_by_readiness(
     status, reason = worker.readiness()
     assert status == 503
     assert reason.startswith(f"not ready: provider: SMTP server smtp://127.0.0.1:{port}")
-    smtp.start()
+    smtp_server.start()
     wait_until(lambda: statuses(db_dsn) == {"sent": 10}, 60, lambda: statuses(db_dsn))
     assert worker.readiness() == (200, "ready\n")
-    workers.stop_all()
+    worker_processes.stop_all()
     assert_each_delivered_with_its_own_message_id(sink, keys)

@@ -18,7 +18,7 @@ from support.worker_doubles import Insert, ManualClock, ScriptedProvider
 
 
 @pytest.fixture
-def provider() -> ScriptedProvider:
+def fake_provider() -> ScriptedProvider:
     return ScriptedProvider()
 
 
@@ -32,12 +32,12 @@ def db_now(db_conn: psycopg.Connection) -> datetime:
 
 
 @pytest.fixture
-def clock(db_now: datetime) -> ManualClock:
+def fake_clock(db_now: datetime) -> ManualClock:
     return ManualClock(db_now)
 
 
 @pytest.fixture
-async def pool(db_dsn: str) -> AsyncIterator[AsyncConnectionPool]:
+async def db_pool(db_dsn: str) -> AsyncIterator[AsyncConnectionPool]:
     async with AsyncConnectionPool(
         db_dsn, min_size=1, max_size=4, timeout=5, kwargs={"autocommit": True}
     ) as opened:
@@ -45,13 +45,13 @@ async def pool(db_dsn: str) -> AsyncIterator[AsyncConnectionPool]:
 
 
 @pytest.fixture
-async def aconn(db_dsn: str) -> AsyncIterator[psycopg.AsyncConnection]:
+async def db_aconn(db_dsn: str) -> AsyncIterator[psycopg.AsyncConnection]:
     async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
         yield conn
 
 
 @pytest.fixture
-def insert(db_conn: psycopg.Connection, db_now: datetime) -> Insert:
+def db_insert(db_conn: psycopg.Connection, db_now: datetime) -> Insert:
     """Insert one outbox row (committed) and return its id; fields override the defaults.
 
     Rows are ready a second before `db_now`, the time the injected clock starts at.

@@ -25,15 +25,18 @@ async def _claim(
     )
 
 
-async def _reclaim(aconn: psycopg.AsyncConnection[Any], now: datetime) -> list[sweeps.Reclaimed]:
-    return await sweeps.reclaim_expired_leases(aconn, default_max_attempts=8, now=now)
+async def _reclaim(db_aconn: psycopg.AsyncConnection[Any], now: datetime) -> list[sweeps.Reclaimed]:
+    return await sweeps.reclaim_expired_leases(db_aconn, default_max_attempts=8, now=now)
 
 
 async def test_claim_sets_a_fresh_lease_and_counts_the_attempt(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert(attempts=2)
-    [claimed] = await _claim(aconn, db_now)
+    outbox_id = db_insert(attempts=2)
+    [claimed] = await _claim(db_aconn, db_now)
     row = row_of(db_conn, outbox_id)
     assert claimed.id == outbox_id
     assert claimed.attempts == 3 == row["attempts"]
@@ -44,40 +47,42 @@ async def test_claim_sets_a_fresh_lease_and_counts_the_attempt(
     assert claimed.claimed_at == db_now
     assert claimed.secrets is not None
     assert claimed.data == {"minutes_valid": 10}
-    assert await _claim(aconn, db_now + timedelta(seconds=1)) == []
+    assert await _claim(db_aconn, db_now + timedelta(seconds=1)) == []
 
 
 async def test_claim_takes_only_ready_rows_of_its_kinds_oldest_availability_first(
-    aconn: psycopg.AsyncConnection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection, db_insert: Insert, db_now: datetime
 ) -> None:
-    later = insert(available_at=db_now - timedelta(seconds=10))
-    earliest = insert(available_at=db_now - timedelta(seconds=30), kind="invite", template="invite")
-    middle = insert(available_at=db_now - timedelta(seconds=20))
-    insert(available_at=db_now + timedelta(seconds=60))  # in backoff: not ready
-    insert(kind="newsletter", available_at=db_now - timedelta(seconds=99))  # another kind
-    claimed = await _claim(aconn, db_now, kinds=("otp", "invite"))
+    later = db_insert(available_at=db_now - timedelta(seconds=10))
+    earliest = db_insert(
+        available_at=db_now - timedelta(seconds=30), kind="invite", template="invite"
+    )
+    middle = db_insert(available_at=db_now - timedelta(seconds=20))
+    db_insert(available_at=db_now + timedelta(seconds=60))  # in backoff: not ready
+    db_insert(kind="newsletter", available_at=db_now - timedelta(seconds=99))  # another kind
+    claimed = await _claim(db_aconn, db_now, kinds=("otp", "invite"))
     assert [m.id for m in claimed] == [earliest, middle, later]
 
 
 async def test_claim_respects_its_limit_across_kinds(
-    aconn: psycopg.AsyncConnection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection, db_insert: Insert, db_now: datetime
 ) -> None:
     for i in range(3):
-        insert(available_at=db_now - timedelta(seconds=10 + i))
-        insert(kind="invite", template="invite", available_at=db_now - timedelta(seconds=i))
-    claimed = await _claim(aconn, db_now, limit=4, kinds=("otp", "invite"))
+        db_insert(available_at=db_now - timedelta(seconds=10 + i))
+        db_insert(kind="invite", template="invite", available_at=db_now - timedelta(seconds=i))
+    claimed = await _claim(db_aconn, db_now, limit=4, kinds=("otp", "invite"))
     assert len(claimed) == 4
     assert [m.kind for m in claimed] == ["otp", "otp", "otp", "invite"]
 
 
 async def test_two_claimers_skip_each_others_locked_rows(
-    db_dsn: str, aconn: psycopg.AsyncConnection, insert: Insert, db_now: datetime
+    db_dsn: str, db_aconn: psycopg.AsyncConnection, db_insert: Insert, db_now: datetime
 ) -> None:
-    ids = {insert() for _ in range(6)}
+    ids = {db_insert() for _ in range(6)}
     async with await psycopg.AsyncConnection.connect(db_dsn) as holding:
         # The first claim's transaction stays open, so its rows stay locked.
         first = await _claim(holding, db_now, limit=3)
-        second = await _claim(aconn, db_now, limit=10)
+        second = await _claim(db_aconn, db_now, limit=10)
         await holding.commit()
     assert len(first) == 3
     assert {m.id for m in first} | {m.id for m in second} == ids
@@ -85,33 +90,39 @@ async def test_two_claimers_skip_each_others_locked_rows(
 
 
 async def test_completion_with_a_stale_token_updates_nothing(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert()
-    [claimed] = await _claim(aconn, db_now)
+    outbox_id = db_insert()
+    [claimed] = await _claim(db_aconn, db_now)
     stale = LeaseRef(outbox_id, uuid.uuid4())
-    assert await settling.mark_sent(aconn, [Sent(stale, "x")], now=db_now) == {}
-    assert await settling.schedule_retry(aconn, [Retry(stale, 5, "e", "timeout")]) == set()
+    assert await settling.mark_sent(db_aconn, [Sent(stale, "x")], now=db_now) == {}
+    assert await settling.schedule_retry(db_aconn, [Retry(stale, 5, "e", "timeout")]) == set()
     assert (
-        await settling.mark_dead(aconn, [Dead(stale, DeadReason.REJECTED, "e", "smtp_550")])
+        await settling.mark_dead(db_aconn, [Dead(stale, DeadReason.REJECTED, "e", "smtp_550")])
         == set()
     )
-    assert await claiming.extend_leases(aconn, [stale], lease_seconds=45) == {}
-    assert await settling.release_leases(aconn, [stale]) == set()
+    assert await claiming.extend_leases(db_aconn, [stale], lease_seconds=45) == {}
+    assert await settling.release_leases(db_aconn, [stale]) == set()
     row = row_of(db_conn, outbox_id)
     assert row["status"] == "processing"
     assert row["lease_token"] == claimed.lease_token
 
 
 async def test_mark_sent_records_the_outcome_and_the_latency_from_creation(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    first, second = insert(), insert()
-    claimed = await _claim(aconn, db_now)
+    first, second = db_insert(), db_insert()
+    claimed = await _claim(db_aconn, db_now)
     sent_at = db_now + timedelta(seconds=3)
     leases = [LeaseRef(m.id, m.lease_token) for m in claimed]
     latencies = await settling.mark_sent(
-        aconn, [Sent(leases[0], "provider-1"), Sent(leases[1], None)], now=sent_at
+        db_aconn, [Sent(leases[0], "provider-1"), Sent(leases[1], None)], now=sent_at
     )
     created = row_of(db_conn, first)["created_at"]
     assert latencies == {first: (sent_at - created).total_seconds(), second: latencies[second]}
@@ -124,17 +135,20 @@ async def test_mark_sent_records_the_outcome_and_the_latency_from_creation(
     assert row["lease_token"] is None
     assert row_of(db_conn, second)["provider_message_id"] is None
     # Settled rows can be settled no further.
-    assert await settling.mark_sent(aconn, [Sent(leases[0], "again")]) == {}
+    assert await settling.mark_sent(db_aconn, [Sent(leases[0], "again")]) == {}
 
 
 async def test_retry_returns_the_row_to_pending_after_its_delay(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert()
-    [claimed] = await _claim(aconn, db_now)
+    outbox_id = db_insert()
+    [claimed] = await _claim(db_aconn, db_now)
     lease = LeaseRef(claimed.id, claimed.lease_token)
     assert await settling.schedule_retry(
-        aconn, [Retry(lease, 8.5, "451 try later", "smtp_451")], now=db_now
+        db_aconn, [Retry(lease, 8.5, "451 try later", "smtp_451")], now=db_now
     ) == {outbox_id}
     row = row_of(db_conn, outbox_id)
     assert row["status"] == "pending"
@@ -144,18 +158,21 @@ async def test_retry_returns_the_row_to_pending_after_its_delay(
         "smtp_451",
         1,
     )
-    assert await _claim(aconn, db_now + timedelta(seconds=8)) == []
-    assert len(await _claim(aconn, db_now + timedelta(seconds=9))) == 1
+    assert await _claim(db_aconn, db_now + timedelta(seconds=8)) == []
+    assert len(await _claim(db_aconn, db_now + timedelta(seconds=9))) == 1
 
 
 async def test_mark_dead_records_the_reason(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert()
-    [claimed] = await _claim(aconn, db_now)
+    outbox_id = db_insert()
+    [claimed] = await _claim(db_aconn, db_now)
     lease = LeaseRef(claimed.id, claimed.lease_token)
     await settling.mark_dead(
-        aconn, [Dead(lease, DeadReason.REJECTED, "550 no such user", "smtp_550")]
+        db_aconn, [Dead(lease, DeadReason.REJECTED, "550 no such user", "smtp_550")]
     )
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["dead_reason"], row["last_error_class"]) == (
@@ -166,52 +183,61 @@ async def test_mark_dead_records_the_reason(
 
 
 async def test_extending_a_lease_pushes_its_expiry_from_now(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert()
-    [claimed] = await _claim(aconn, db_now)
+    outbox_id = db_insert()
+    [claimed] = await _claim(db_aconn, db_now)
     later = db_now + timedelta(seconds=30)
     kept = await claiming.extend_leases(
-        aconn, [LeaseRef(outbox_id, claimed.lease_token)], lease_seconds=45, now=later
+        db_aconn, [LeaseRef(outbox_id, claimed.lease_token)], lease_seconds=45, now=later
     )
     assert kept == {outbox_id: later + timedelta(seconds=45)}
     assert row_of(db_conn, outbox_id)["lease_expires_at"] == later + timedelta(seconds=45)
     # Extended, the lease is not reclaimed when the first expiry passes.
     assert (
         await sweeps.reclaim_expired_leases(
-            aconn, default_max_attempts=8, now=db_now + timedelta(seconds=50)
+            db_aconn, default_max_attempts=8, now=db_now + timedelta(seconds=50)
         )
         == []
     )
 
 
 async def test_releasing_a_lease_makes_the_row_ready_at_once_with_the_attempt_undone(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert()
-    [claimed] = await _claim(aconn, db_now)
+    outbox_id = db_insert()
+    [claimed] = await _claim(db_aconn, db_now)
     released = await settling.release_leases(
-        aconn, [LeaseRef(outbox_id, claimed.lease_token)], now=db_now
+        db_aconn, [LeaseRef(outbox_id, claimed.lease_token)], now=db_now
     )
     assert released == {outbox_id}
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["attempts"], row["lease_token"]) == ("pending", 0, None)
-    assert [m.id for m in await _claim(aconn, db_now)] == [outbox_id]
+    assert [m.id for m in await _claim(db_aconn, db_now)] == [outbox_id]
 
 
 async def test_expired_leases_are_reclaimed_by_anyone_once_the_lease_is_over(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert()
-    [claimed] = await _claim(aconn, db_now)
+    outbox_id = db_insert()
+    [claimed] = await _claim(db_aconn, db_now)
     assert (
         await sweeps.reclaim_expired_leases(
-            aconn, default_max_attempts=8, now=db_now + timedelta(seconds=44)
+            db_aconn, default_max_attempts=8, now=db_now + timedelta(seconds=44)
         )
         == []
     )
     reclaimed = await sweeps.reclaim_expired_leases(
-        aconn, default_max_attempts=8, now=db_now + timedelta(seconds=46)
+        db_aconn, default_max_attempts=8, now=db_now + timedelta(seconds=46)
     )
     assert reclaimed == [sweeps.Reclaimed(outbox_id, "otp", Status.PENDING)]
     row = row_of(db_conn, outbox_id)
@@ -222,19 +248,22 @@ async def test_expired_leases_are_reclaimed_by_anyone_once_the_lease_is_over(
     )
     # The old owner can no longer settle it; a new claim gets a new token.
     old = LeaseRef(outbox_id, claimed.lease_token)
-    assert await settling.mark_sent(aconn, [Sent(old, None)]) == {}
-    [again] = await _claim(aconn, db_now + timedelta(seconds=47))
+    assert await settling.mark_sent(db_aconn, [Sent(old, None)]) == {}
+    [again] = await _claim(db_aconn, db_now + timedelta(seconds=47))
     assert again.lease_token != claimed.lease_token
     assert again.attempts == 2
 
 
 async def test_a_reclaimed_row_out_of_attempts_becomes_a_dead_letter(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    outbox_id = insert(max_attempts=2, attempts=1)
-    await _claim(aconn, db_now)
+    outbox_id = db_insert(max_attempts=2, attempts=1)
+    await _claim(db_aconn, db_now)
     reclaimed = await sweeps.reclaim_expired_leases(
-        aconn, default_max_attempts=8, now=db_now + timedelta(minutes=5)
+        db_aconn, default_max_attempts=8, now=db_now + timedelta(minutes=5)
     )
     assert reclaimed == [sweeps.Reclaimed(outbox_id, "otp", Status.DEAD)]
     row = row_of(db_conn, outbox_id)
@@ -242,13 +271,16 @@ async def test_a_reclaimed_row_out_of_attempts_becomes_a_dead_letter(
 
 
 async def test_an_otp_past_its_expiry_is_dead_lettered_and_never_claimed(
-    aconn: psycopg.AsyncConnection, db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
 ) -> None:
-    expiring = insert(expires_at=db_now + timedelta(seconds=60))
-    lasting = insert(expires_at=None)
-    expired = await sweeps.dead_letter_expired(aconn, now=db_now + timedelta(seconds=61))
+    expiring = db_insert(expires_at=db_now + timedelta(seconds=60))
+    lasting = db_insert(expires_at=None)
+    expired = await sweeps.dead_letter_expired(db_aconn, now=db_now + timedelta(seconds=61))
     assert expired == [sweeps.Expired(expiring, "otp")]
     row = row_of(db_conn, expiring)
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "expired", 0)
-    assert [m.id for m in await _claim(aconn, db_now + timedelta(seconds=62))] == [lasting]
+    assert [m.id for m in await _claim(db_aconn, db_now + timedelta(seconds=62))] == [lasting]
     assert statuses(db_conn) == {"dead": 1, "processing": 1}

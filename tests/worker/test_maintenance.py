@@ -23,9 +23,9 @@ from support.worker_doubles import Insert, row_of, statuses
 
 
 def _dead(
-    insert: Insert, db_now: datetime, reason: str, age_hours: float = 0, **fields: object
+    db_insert: Insert, db_now: datetime, reason: str, age_hours: float = 0, **fields: object
 ) -> int:
-    return insert(
+    return db_insert(
         status="dead",
         dead_reason=reason,
         attempts=1,
@@ -59,12 +59,12 @@ def test_a_bad_duration_is_a_configuration_error(text: str) -> None:
 
 
 def test_dead_letters_filter_by_kind_reason_age_and_id(
-    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_conn: psycopg.Connection, db_insert: Insert, db_now: datetime
 ) -> None:
-    old_rejected = _dead(insert, db_now, "rejected", age_hours=3)
-    new_rejected = _dead(insert, db_now, "rejected")
-    expired_invite = _dead(insert, db_now, "expired", age_hours=5, kind="invite")
-    insert()  # pending: never a dead letter
+    old_rejected = _dead(db_insert, db_now, "rejected", age_hours=3)
+    new_rejected = _dead(db_insert, db_now, "rejected")
+    expired_invite = _dead(db_insert, db_now, "expired", age_hours=5, kind="invite")
+    db_insert()  # pending: never a dead letter
 
     def ids(**criteria: object) -> list[int]:
         selection = DeadLetterFilter(**criteria)  # type: ignore[arg-type]
@@ -86,10 +86,10 @@ def test_dead_letters_filter_by_kind_reason_age_and_id(
 
 
 def test_requeue_resets_attempts_and_makes_the_row_ready_now(
-    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_conn: psycopg.Connection, db_insert: Insert, db_now: datetime
 ) -> None:
-    chosen = _dead(insert, db_now, "rejected", available_at=db_now - timedelta(days=1))
-    other = _dead(insert, db_now, "expired")
+    chosen = _dead(db_insert, db_now, "rejected", available_at=db_now - timedelta(days=1))
+    other = _dead(db_insert, db_now, "expired")
     assert requeue_dead_letters(db_conn, DeadLetterFilter(reason="rejected")) == [chosen]
     row = row_of(db_conn, chosen)
     assert (row["status"], row["attempts"], row["dead_reason"]) == ("pending", 0, None)
@@ -98,10 +98,10 @@ def test_requeue_resets_attempts_and_makes_the_row_ready_now(
 
 
 def test_requeue_keeps_an_otp_expiry_unless_told_to_clear_it(
-    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_conn: psycopg.Connection, db_insert: Insert, db_now: datetime
 ) -> None:
-    kept = _dead(insert, db_now, "expired", expires_at=db_now - timedelta(minutes=1))
-    cleared = _dead(insert, db_now, "expired", expires_at=db_now - timedelta(minutes=1))
+    kept = _dead(db_insert, db_now, "expired", expires_at=db_now - timedelta(minutes=1))
+    cleared = _dead(db_insert, db_now, "expired", expires_at=db_now - timedelta(minutes=1))
     requeue_dead_letters(db_conn, DeadLetterFilter(ids=(kept,)))
     requeue_dead_letters(db_conn, DeadLetterFilter(ids=(cleared,)), clear_expiry=True)
     assert row_of(db_conn, kept)["expires_at"] is not None
@@ -109,21 +109,21 @@ def test_requeue_keeps_an_otp_expiry_unless_told_to_clear_it(
 
 
 def test_purge_deletes_in_batches_up_to_its_limit(
-    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_conn: psycopg.Connection, db_insert: Insert, db_now: datetime
 ) -> None:
     for _ in range(7):
-        _dead(insert, db_now, "rejected")
+        _dead(db_insert, db_now, "rejected")
     assert purge_dead_letters(db_conn, DeadLetterFilter(limit=5), batch_size=2) == 5
     assert purge_dead_letters(db_conn, DeadLetterFilter(), batch_size=2) == 2
     assert statuses(db_conn) == {}
 
 
 def test_prune_deletes_old_sent_rows_and_expired_receipts_only(
-    db_conn: psycopg.Connection, insert: Insert, db_now: datetime
+    db_conn: psycopg.Connection, db_insert: Insert, db_now: datetime
 ) -> None:
-    old = [insert(status="sent", sent_at=db_now - timedelta(days=8)) for _ in range(5)]
-    recent = insert(status="sent", sent_at=db_now - timedelta(days=1))
-    dead = _dead(insert, db_now, "rejected", age_hours=24 * 30)
+    old = [db_insert(status="sent", sent_at=db_now - timedelta(days=8)) for _ in range(5)]
+    recent = db_insert(status="sent", sent_at=db_now - timedelta(days=1))
+    dead = _dead(db_insert, db_now, "rejected", age_hours=24 * 30)
     for key, expired_days_ago in (("a", 10), ("b", 1)):
         db_conn.execute(
             "INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id,"
@@ -143,12 +143,12 @@ def test_prune_deletes_old_sent_rows_and_expired_receipts_only(
 def test_the_dead_letter_commands_list_requeue_and_purge(
     db_dsn: str,
     db_conn: psycopg.Connection,
-    insert: Insert,
+    db_insert: Insert,
     db_now: datetime,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    first = _dead(insert, db_now, "rejected", age_hours=2)
-    second = _dead(insert, db_now, "expired", kind="invite")
+    first = _dead(db_insert, db_now, "rejected", age_hours=2)
+    second = _dead(db_insert, db_now, "expired", kind="invite")
     assert main(["dead-letters", "list", "--dsn", db_dsn, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [d["id"] for d in listed] == [first, second]
@@ -170,9 +170,9 @@ def test_the_dead_letter_commands_list_requeue_and_purge(
 
 
 def test_the_prune_command_reports_what_it_deleted(
-    db_dsn: str, insert: Insert, db_now: datetime, capsys: pytest.CaptureFixture[str]
+    db_dsn: str, db_insert: Insert, db_now: datetime, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    insert(status="sent", sent_at=db_now - timedelta(days=2))
+    db_insert(status="sent", sent_at=db_now - timedelta(days=2))
     assert main(["prune", "--dsn", db_dsn, "--retention", "1d", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"sent": 1, "receipts": 0}
     assert main(["prune", "--dsn", db_dsn, "--retention", "forever"]) == 2

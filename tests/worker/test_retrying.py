@@ -43,7 +43,7 @@ def test_backoff_stays_within_the_upper_half_of_its_capped_ceiling(
 
 def test_backoff_rejects_an_attempt_below_one() -> None:
     with pytest.raises(ValueError, match="attempt"):
-        backoff_delay(0)
+        backoff_delay(0, base=2, cap=300)
 
 
 @pytest.mark.parametrize(

@@ -110,9 +110,9 @@ def test_an_unmigrated_database_is_one_line(
 
 @pytest.mark.usefixtures("clean_env")
 def test_an_unreachable_smtp_host_stops_start_up_before_any_claim(
-    db_dsn: str, insert: Insert, db_conn: psycopg.Connection, capsys: pytest.CaptureFixture[str]
+    db_dsn: str, db_insert: Insert, db_conn: psycopg.Connection, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    insert()
+    db_insert()
     provider = f"smtp://127.0.0.1:{free_port()}?timeout=2"
     code, lines = run_cli(["--dsn", db_dsn, "--provider", provider, "--drain"], capsys)
     assert (code, len(lines)) == (2, 1)
@@ -153,12 +153,12 @@ def smtp_with_auth() -> Iterator[int]:
 @pytest.mark.usefixtures("clean_env")
 def test_bad_smtp_credentials_stop_start_up_without_showing_the_password(
     db_dsn: str,
-    insert: Insert,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
     smtp_with_auth: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    insert()
+    db_insert()
     provider = f"smtp://mailer:wrong-pw-77@127.0.0.1:{smtp_with_auth}?starttls=false"
     code, lines = run_cli(["--dsn", db_dsn, "--provider", provider, "--drain"], capsys)
     assert (code, len(lines)) == (2, 1)
@@ -205,10 +205,10 @@ def _worker_process(
 
 
 def test_a_worker_process_drains_and_exits_0(
-    db_dsn: str, insert: Insert, db_conn: psycopg.Connection
+    db_dsn: str, db_insert: Insert, db_conn: psycopg.Connection
 ) -> None:
     for _ in range(20):
-        insert()
+        db_insert()
     process = _worker_process(db_dsn, "--provider", "log://", "--drain", "--metrics-port", "0")
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
@@ -217,9 +217,9 @@ def test_a_worker_process_drains_and_exits_0(
 
 
 def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(
-    db_dsn: str, insert: Insert, db_conn: psycopg.Connection
+    db_dsn: str, db_insert: Insert, db_conn: psycopg.Connection
 ) -> None:
-    insert()
+    db_insert()
     port = free_port()
     process = _worker_process(
         db_dsn,

@@ -45,14 +45,20 @@ SETTINGS = WorkerSettings(
 
 
 def make_worker(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
     settings: WorkerSettings = SETTINGS,
     dsn: str | None = None,
 ) -> Worker:
     return Worker(
-        settings, pool, provider, TemplateRenderer(), dsn=dsn, clock=clock, rng=lambda: 0.0
+        settings,
+        db_pool,
+        fake_provider,
+        TemplateRenderer(),
+        dsn=dsn,
+        clock=fake_clock,
+        rng=lambda: 0.0,
     )
 
 
@@ -68,18 +74,18 @@ async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
 
 
 async def test_drain_mode_sends_every_ready_row_once_then_exits(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    ids = [insert(kind="otp" if i % 2 else "invite", template="otp") for i in range(30)]
-    insert(kind="newsletter", template="otp")  # not this worker's kind
-    worker = make_worker(pool, provider, clock, replace(SETTINGS, drain=True))
+    ids = [db_insert(kind="otp" if i % 2 else "invite", template="otp") for i in range(30)]
+    db_insert(kind="newsletter", template="otp")  # not this worker's kind
+    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True))
     async with asyncio.timeout(20):
         await worker.run()
-    assert sorted(e.outbox_id for e in provider.sent) == ids
+    assert sorted(e.outbox_id for e in fake_provider.sent) == ids
     assert statuses(db_conn) == {"sent": 30, "pending": 1}
     row = row_of(db_conn, ids[0])
     assert row["provider_message_id"] == f"scripted-{row['delivery_key']}"
@@ -92,157 +98,157 @@ async def test_drain_mode_sends_every_ready_row_once_then_exits(
 
 
 async def test_the_rendered_email_carries_the_code_and_the_delivery_key(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    outbox_id = insert(code="918273", aggregate_id="user-42")
-    await make_worker(pool, provider, clock, replace(SETTINGS, drain=True)).run()
-    [email] = provider.sent
+    outbox_id = db_insert(code="918273", aggregate_id="user-42")
+    await make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True)).run()
+    [email] = fake_provider.sent
     assert "918273" in email.text
     assert email.delivery_key == row_of(db_conn, outbox_id)["delivery_key"]
     assert (email.outbox_id, email.aggregate_id, email.attempt) == (outbox_id, "user-42", 1)
 
 
 async def test_a_transient_failure_is_retried_after_its_backoff(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    outbox_id = insert(recipient="flaky@example.com")
-    provider.transient_failures["flaky@example.com"] = 1
-    worker = make_worker(pool, provider, clock)
+    outbox_id = db_insert(recipient="flaky@example.com")
+    fake_provider.transient_failures["flaky@example.com"] = 1
+    worker = make_worker(db_pool, fake_provider, fake_clock)
     async with running(worker):
         await eventually(lambda: row_of(db_conn, outbox_id)["last_error_class"] == "smtp_451")
         row = row_of(db_conn, outbox_id)
         # rng() == 0 draws the bottom of the jitter range: half of base * 2**0.
-        assert row["available_at"] == clock.now + timedelta(seconds=1.0)
+        assert row["available_at"] == fake_clock.now + timedelta(seconds=1.0)
         assert (row["status"], row["attempts"]) == ("pending", 1)
-        clock.advance(0.9)
+        fake_clock.advance(0.9)
         await asyncio.sleep(0.1)  # several polls: nothing may be claimed before the backoff
         assert row_of(db_conn, outbox_id)["status"] == "pending"
-        clock.advance(0.2)
+        fake_clock.advance(0.2)
         await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "sent")
     assert row_of(db_conn, outbox_id)["attempts"] == 2
-    assert provider.attempts["flaky@example.com"] == 2
+    assert fake_provider.attempts["flaky@example.com"] == 2
     labels = {"kind": "otp", "error_class": "smtp_451"}
     assert worker.metrics.value("leasebox_retries_total", labels) == 1
     assert worker.metrics.value("leasebox_sent_total", {"kind": "otp"}) == 1
 
 
 async def test_a_permanent_failure_dead_letters_after_one_attempt(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    outbox_id = insert(recipient="nobody@example.com")
-    provider.rejected.add("nobody@example.com")
-    worker = make_worker(pool, provider, clock, replace(SETTINGS, drain=True))
+    outbox_id = db_insert(recipient="nobody@example.com")
+    fake_provider.rejected.add("nobody@example.com")
+    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True))
     await worker.run()
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "rejected", 1)
     assert row["last_error_class"] == "smtp_550"
-    assert provider.attempts["nobody@example.com"] == 1
+    assert fake_provider.attempts["nobody@example.com"] == 1
     labels = {"kind": "otp", "reason": "rejected"}
     assert worker.metrics.value("leasebox_dead_letters_total", labels) == 1
 
 
 async def test_a_missing_template_dead_letters_as_an_invalid_message_without_a_send(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    outbox_id = insert(template="no-such-template")
-    await make_worker(pool, provider, clock, replace(SETTINGS, drain=True)).run()
+    outbox_id = db_insert(template="no-such-template")
+    await make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True)).run()
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["dead_reason"], row["last_error_class"]) == (
         "dead",
         "invalid_message",
         "template",
     )
-    assert provider.started_sends == 0
+    assert fake_provider.started_sends == 0
 
 
 async def test_transient_failures_dead_letter_once_attempts_run_out(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    outbox_id = insert(recipient="down@example.com", max_attempts=3)
-    provider.transient_failures["down@example.com"] = 99
-    worker = make_worker(pool, provider, clock)
+    outbox_id = db_insert(recipient="down@example.com", max_attempts=3)
+    fake_provider.transient_failures["down@example.com"] = 99
+    worker = make_worker(db_pool, fake_provider, fake_clock)
     async with running(worker):
         for attempt in (1, 2):
             await eventually(lambda: row_of(db_conn, outbox_id)["attempts"] == attempt)  # noqa: B023
             await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "pending")
-            clock.advance(600)
+            fake_clock.advance(600)
         await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "dead")
     row = row_of(db_conn, outbox_id)
     assert (row["dead_reason"], row["attempts"]) == ("attempts_exhausted", 3)
-    assert provider.attempts["down@example.com"] == 3
+    assert fake_provider.attempts["down@example.com"] == 3
     labels = {"kind": "otp", "reason": "attempts_exhausted"}
     assert worker.metrics.value("leasebox_dead_letters_total", labels) == 1
 
 
 async def test_an_otp_that_expires_while_claimed_is_dead_lettered_never_sent(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    blocker = insert(recipient="slow@example.com")
-    otp = insert(recipient="late@example.com", expires_at=clock.now + timedelta(seconds=30))
-    release = provider.hold("slow@example.com")
+    blocker = db_insert(recipient="slow@example.com")
+    otp = db_insert(recipient="late@example.com", expires_at=fake_clock.now + timedelta(seconds=30))
+    release = fake_provider.hold("slow@example.com")
     # One send slot: the OTP waits, claimed, behind the held send while its TTL runs out.
     settings = replace(SETTINGS, concurrency=1, batch_size=2)
-    worker = make_worker(pool, provider, clock, settings)
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings)
     async with running(worker):
         await eventually(lambda: row_of(db_conn, otp)["status"] == "processing")
-        await provider.held["slow@example.com"].wait()
-        clock.advance(31)
+        await fake_provider.held["slow@example.com"].wait()
+        fake_clock.advance(31)
         release.set()
         await eventually(lambda: row_of(db_conn, otp)["status"] == "dead")
         await eventually(lambda: row_of(db_conn, blocker)["status"] == "sent")
     assert row_of(db_conn, otp)["dead_reason"] == "expired"
-    assert provider.attempts["late@example.com"] == 0
+    assert fake_provider.attempts["late@example.com"] == 0
     labels = {"kind": "otp", "reason": "expired"}
     assert worker.metrics.value("leasebox_dead_letters_total", labels) == 1
 
 
 async def test_a_worker_stalled_past_its_lease_cannot_mark_the_row_sent(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
-    aconn: psycopg.AsyncConnection,
+    db_aconn: psycopg.AsyncConnection,
 ) -> None:
-    outbox_id = insert(recipient="stall@example.com")
-    release = provider.hold("stall@example.com")
-    worker = make_worker(pool, provider, clock)
+    outbox_id = db_insert(recipient="stall@example.com")
+    release = fake_provider.hold("stall@example.com")
+    worker = make_worker(db_pool, fake_provider, fake_clock)
     async with running(worker):
-        await provider.held["stall@example.com"].wait()
+        await fake_provider.held["stall@example.com"].wait()
         # The stall: time passes beyond the lease while the send hangs. Another worker
         # reclaims the row, sends it and marks it sent under its own lease.
-        later = clock.now + timedelta(seconds=60)
-        assert await sweeps.reclaim_expired_leases(aconn, default_max_attempts=8, now=later)
+        later = fake_clock.now + timedelta(seconds=60)
+        assert await sweeps.reclaim_expired_leases(db_aconn, default_max_attempts=8, now=later)
         [taken] = await claiming.claim(
-            aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="worker-b", now=later
+            db_aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="worker-b", now=later
         )
         lease = LeaseRef(taken.id, taken.lease_token)
-        assert await settling.mark_sent(aconn, [Sent(lease, "from-b")], now=later)
-        clock.now = later
+        assert await settling.mark_sent(db_aconn, [Sent(lease, "from-b")], now=later)
+        fake_clock.now = later
         release.set()
         await eventually(
             lambda: worker.metrics.value("leasebox_lease_lost_total", {"kind": "otp"}) == 1
@@ -257,24 +263,24 @@ async def test_a_worker_stalled_past_its_lease_cannot_mark_the_row_sent(
 
 
 async def test_stopping_releases_queued_rows_at_once_and_lets_sends_in_flight_finish(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
     for _ in range(10):
-        insert()
-    provider.hold_all = asyncio.Event()
+        db_insert()
+    fake_provider.hold_all = asyncio.Event()
     settings = replace(SETTINGS, concurrency=2, batch_size=2)
-    worker = make_worker(pool, provider, clock, settings)
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings)
     task = asyncio.get_running_loop().create_task(worker.run())
-    await eventually(lambda: provider.started_sends == 2 and worker.held == 4)
+    await eventually(lambda: fake_provider.started_sends == 2 and worker.held == 4)
     worker.request_stop()
     # Queued rows go back before the sends in flight have finished.
     await eventually(lambda: statuses(db_conn) == {"pending": 8, "processing": 2})
     assert not task.done()
-    provider.hold_all.set()
+    fake_provider.hold_all.set()
     async with asyncio.timeout(10):
         await task
     assert statuses(db_conn) == {"pending": 8, "sent": 2}
@@ -285,18 +291,18 @@ async def test_stopping_releases_queued_rows_at_once_and_lets_sends_in_flight_fi
 
 
 async def test_a_second_stop_request_cancels_the_sends_in_flight_and_releases_them(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
     for _ in range(2):
-        insert()
-    provider.hold_all = asyncio.Event()
-    worker = make_worker(pool, provider, clock, replace(SETTINGS, grace_seconds=300))
+        db_insert()
+    fake_provider.hold_all = asyncio.Event()
+    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, grace_seconds=300))
     task = asyncio.get_running_loop().create_task(worker.run())
-    await eventually(lambda: provider.started_sends == 2)
+    await eventually(lambda: fake_provider.started_sends == 2)
     worker.request_stop()
     worker.request_stop()
     async with asyncio.timeout(10):
@@ -305,40 +311,42 @@ async def test_a_second_stop_request_cancels_the_sends_in_flight_and_releases_th
 
 
 async def test_a_long_send_extends_its_lease_past_half_its_time(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
-    outbox_id = insert(recipient="long@example.com")
-    release = provider.hold("long@example.com")
-    worker = make_worker(pool, provider, clock, replace(SETTINGS, lease_seconds=1))
+    outbox_id = db_insert(recipient="long@example.com")
+    release = fake_provider.hold("long@example.com")
+    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, lease_seconds=1))
     async with running(worker):
-        await provider.held["long@example.com"].wait()
+        await fake_provider.held["long@example.com"].wait()
         first = row_of(db_conn, outbox_id)["lease_expires_at"]
-        clock.advance(0.7)
+        fake_clock.advance(0.7)
         await eventually(lambda: row_of(db_conn, outbox_id)["lease_expires_at"] > first)
-        assert row_of(db_conn, outbox_id)["lease_expires_at"] == clock.now + timedelta(seconds=1)
+        assert row_of(db_conn, outbox_id)["lease_expires_at"] == fake_clock.now + timedelta(
+            seconds=1
+        )
         release.set()
         await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "sent")
     assert worker.metrics.value("leasebox_lease_lost_total", {"kind": "otp"}) == 0
 
 
 async def test_expired_leases_of_a_dead_worker_are_reclaimed_and_sent(
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
-    aconn: psycopg.AsyncConnection,
+    db_aconn: psycopg.AsyncConnection,
 ) -> None:
-    outbox_id = insert()
+    outbox_id = db_insert()
     await claiming.claim(
-        aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="died", now=clock.now
+        db_aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="died", now=fake_clock.now
     )
-    clock.advance(46)
-    worker = make_worker(pool, provider, clock, replace(SETTINGS, drain=True))
+    fake_clock.advance(46)
+    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True))
     await worker.run()
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["attempts"], row["leased_by"]) == ("sent", 2, "test-worker")
@@ -347,17 +355,17 @@ async def test_expired_leases_of_a_dead_worker_are_reclaimed_and_sent(
 
 async def test_a_notify_wakes_an_idle_worker_long_before_its_poll(
     db_dsn: str,
-    pool: AsyncConnectionPool,
-    provider: ScriptedProvider,
-    clock: ManualClock,
-    insert: Insert,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
     db_conn: psycopg.Connection,
 ) -> None:
     settings = replace(SETTINGS, listen=True, poll_interval=3600)
-    worker = make_worker(pool, provider, clock, settings, dsn=db_dsn)
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings, dsn=db_dsn)
     async with running(worker):
         await eventually(lambda: _listening(db_conn))
-        outbox_id = insert()
+        outbox_id = db_insert()
         await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "sent", within=5)
 
 
@@ -371,11 +379,11 @@ def _listening(conn: psycopg.Connection) -> bool:
 
 
 async def test_readiness_reports_a_provider_problem_and_then_recovers(
-    pool: AsyncConnectionPool, provider: ScriptedProvider, clock: ManualClock
+    db_pool: AsyncConnectionPool, fake_provider: ScriptedProvider, fake_clock: ManualClock
 ) -> None:
-    worker = make_worker(pool, provider, clock)
+    worker = make_worker(db_pool, fake_provider, fake_clock)
     assert await worker.readiness_problem() is None
-    provider.problem = "smtp server refused the connection"
+    fake_provider.problem = "smtp server refused the connection"
     assert await worker.readiness_problem() == "provider: smtp server refused the connection"
 
 

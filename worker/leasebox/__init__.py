@@ -14,7 +14,8 @@ from leasebox.errors import (
     RateLimited,
 )
 from leasebox.messages import OutboxMessage, Receipt
-from leasebox.producer.enqueue import AbuseGuard, enqueue, enqueue_async
+from leasebox.producer.enqueue import enqueue, enqueue_async
+from leasebox.producer.guard import AbuseGuard
 from leasebox.version import __version__
 
 __all__ = [

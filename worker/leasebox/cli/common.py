@@ -22,11 +22,14 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-def add_database_options(parser: argparse.ArgumentParser) -> None:
+def add_database_options(parser: argparse.ArgumentParser, *, schema: bool = True) -> None:
+    """`--dsn`, and `--schema` unless the command reads it with its other settings."""
     parser.add_argument(
         "--dsn",
         help="PostgreSQL DSN (default: $LEASEBOX_DSN, else $DATABASE_URL)",
     )
+    if not schema:
+        return
     parser.add_argument(
         "--schema",
         default=DEFAULT_SCHEMA,

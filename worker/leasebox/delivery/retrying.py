@@ -17,10 +17,6 @@ from leasebox.delivery.providers.base import one_line
 from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError
 from leasebox.states import DeadReason
 
-DEFAULT_BACKOFF_BASE = 2.0
-DEFAULT_BACKOFF_MAX = 300.0
-DEFAULT_MAX_ATTEMPTS = 8
-
 
 @dataclass(frozen=True)
 class Failure:
@@ -91,8 +87,8 @@ def _is_template_error(exc: BaseException) -> bool:
 def backoff_delay(
     attempt: int,
     *,
-    base: float = DEFAULT_BACKOFF_BASE,
-    cap: float = DEFAULT_BACKOFF_MAX,
+    base: float,
+    cap: float,
     rng: Callable[[], float] = random.random,
 ) -> float:
     """Seconds to wait after failed attempt number `attempt` (1 for the first).

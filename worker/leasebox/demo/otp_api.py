@@ -30,7 +30,8 @@ from pydantic import TypeAdapter, ValidationError
 from leasebox.db.queries import DEFAULT_SCHEMA, SqlFile, query, validate_schema_name
 from leasebox.errors import IdempotencyConflict, RateLimited
 from leasebox.messages import EmailAddress, OutboxMessage
-from leasebox.producer.enqueue import AbuseGuard, enqueue_async
+from leasebox.producer.enqueue import enqueue_async
+from leasebox.producer.guard import AbuseGuard
 
 SQL_FILE = SqlFile("leasebox.demo", "otp_api.sql")
 IDEMPOTENCY_HEADER = "Idempotency-Key"

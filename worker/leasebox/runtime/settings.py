@@ -1,8 +1,9 @@
 """The worker's settings: one frozen, validated value built once at start-up.
 
-Flags and `LEASEBOX_*` variables are parsed by the command; everything that decides how the
-runtime behaves is here, checked in one place, so that a bad value stops the worker with one
-line before it claims anything.
+Flags and `LEASEBOX_*` variables are read by the command through the table in `options`,
+which also holds every default used here; everything that decides how the runtime behaves
+is checked in one place, so that a bad value stops the worker with one line before it
+claims anything.
 """
 
 from __future__ import annotations
@@ -12,19 +13,10 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
-from leasebox.delivery.retrying import (
-    DEFAULT_BACKOFF_BASE,
-    DEFAULT_BACKOFF_MAX,
-    DEFAULT_MAX_ATTEMPTS,
-)
+from leasebox.db.queries import validate_schema_name
 from leasebox.errors import ConfigurationError
-from leasebox.messages import BUILTIN_KINDS, KIND_PATTERN
-
-DEFAULT_CONCURRENCY = 32
-DEFAULT_LEASE_SECONDS = 45.0
-DEFAULT_POLL_INTERVAL = 1.0
-DEFAULT_GRACE_SECONDS = 30.0
+from leasebox.messages import KIND_PATTERN
+from leasebox.runtime import options
 
 
 def default_worker_id() -> str:
@@ -51,18 +43,18 @@ class WorkerSettings:
     worker_id: recorded in `leased_by`, and in every log line.
     """
 
-    kinds: tuple[str, ...] = BUILTIN_KINDS
-    schema: str = DEFAULT_SCHEMA
-    concurrency: int = DEFAULT_CONCURRENCY
-    batch_size: int = DEFAULT_CONCURRENCY
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    poll_interval: float = DEFAULT_POLL_INTERVAL
-    listen: bool = True
-    grace_seconds: float = DEFAULT_GRACE_SECONDS
-    drain: bool = False
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    backoff_base: float = DEFAULT_BACKOFF_BASE
-    backoff_max: float = DEFAULT_BACKOFF_MAX
+    kinds: tuple[str, ...] = options.KINDS.default
+    schema: str = options.SCHEMA.default
+    concurrency: int = options.CONCURRENCY.default
+    batch_size: int = options.CONCURRENCY.default
+    lease_seconds: float = options.LEASE_SECONDS.default
+    poll_interval: float = options.POLL_INTERVAL.default
+    listen: bool = options.LISTEN.default
+    grace_seconds: float = options.GRACE.default
+    drain: bool = options.DRAIN.default
+    max_attempts: int = options.MAX_ATTEMPTS.default
+    backoff_base: float = options.BACKOFF_BASE.default
+    backoff_max: float = options.BACKOFF_MAX.default
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:

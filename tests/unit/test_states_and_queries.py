@@ -1,0 +1,73 @@
+"""The states Python names are the states the schema allows and the queries write; every
+named query says what it does; shared SQL is written once."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from leasebox.db import queries
+from leasebox.db.queries import CORE, NOTIFY_CHANNEL, SqlFile, named_queries, query, read_sql_file
+from leasebox.states import DeadReason, Status
+
+QUERIES_TEXT = read_sql_file("queries.sql")
+
+
+def test_the_status_enum_is_the_schemas_check_constraint() -> None:
+    schema = read_sql_file("schema.sql")
+    allowed = re.search(r"CHECK \(status IN \(([^)]*)\)\)", schema)
+    assert allowed is not None
+    assert set(re.findall(r"'([a-z_]+)'", allowed.group(1))) == {s.value for s in Status}
+
+
+def test_every_status_the_queries_name_is_a_status() -> None:
+    named = set(re.findall(r"status\s*(?:=|IN \()\s*'([a-z_]+)'", QUERIES_TEXT))
+    named |= set(re.findall(r"THEN '([a-z_]+)' ELSE '([a-z_]+)'", QUERIES_TEXT)[0])
+    assert named
+    assert named <= {s.value for s in Status}
+
+
+def test_every_dead_reason_the_queries_write_is_a_dead_reason() -> None:
+    written = set(re.findall(r"dead_reason = '([a-z_]+)'", QUERIES_TEXT))
+    written |= set(re.findall(r"THEN '([a-z_]+)' END", QUERIES_TEXT))
+    assert written == {DeadReason.EXPIRED.value, DeadReason.ATTEMPTS_EXHAUSTED.value}
+    assert written <= {r.value for r in DeadReason}
+
+
+def test_every_named_query_has_a_one_line_description() -> None:
+    for named in named_queries(CORE).values():
+        assert named.description, named.name
+        assert not named.description.startswith("--"), named.name
+        assert named.text, named.name
+        assert "-- include:" not in named.text, named.name
+
+
+def test_the_dead_letter_selection_is_written_once() -> None:
+    assert QUERIES_TEXT.count("dead_reason = %(reason)s::text") == 1
+    for name in ("list_dead_letters", "count_dead_letters", "requeue_dead_letters"):
+        assert "dead_reason = %(reason)s::text" in query(name).as_string()
+
+
+def test_the_notify_channel_is_the_one_in_the_trigger_and_the_listen() -> None:
+    assert NOTIFY_CHANNEL in query("listen").as_string()
+    assert NOTIFY_CHANNEL not in QUERIES_TEXT
+    schema = queries.compose(read_sql_file("schema.sql"), "leasebox").as_string()
+    assert f"pg_notify('{NOTIFY_CHANNEL}'" in schema
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("-- name: a\nSELECT 1;\n", "lacks its one-line description"),
+        ("-- name: a\n-- A.\nSELECT 1;\n-- name: a\n-- B.\nSELECT 2;\n", "twice"),
+        ("-- name: a\n-- A.\nSELECT\n-- include: nowhere\n", "unknown fragment"),
+    ],
+)
+def test_a_malformed_query_file_is_refused_by_name(
+    text: str, error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = SqlFile("leasebox.db", "broken.sql")
+    monkeypatch.setattr(SqlFile, "read", lambda self: text)
+    with pytest.raises(ValueError, match=error):
+        named_queries(broken)

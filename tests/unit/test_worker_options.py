@@ -1,0 +1,118 @@
+"""One table configures the worker: flags, variables, defaults and the operator's env agree."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leasebox.cli.main import build_parser
+from leasebox.cli.worker import process_config, read_options
+from leasebox.errors import ConfigurationError
+from leasebox.runtime import options
+from leasebox.runtime.options import OPTIONS, Style, Target
+from leasebox.runtime.process import ProcessConfig
+from leasebox.runtime.settings import WorkerSettings
+
+# A value other than the default for every option, as the option's own type.
+SAMPLES: dict[str, Any] = {
+    "kinds": ("otp", "invite"),
+    "schema": "mail",
+    "provider_url": "log://",
+    "provider_timeout": 2.5,
+    "templates_dir": Path("/etc/leasebox/templates"),
+    "concurrency": 12,
+    "batch_size": 5,
+    "lease_seconds": 20.0,
+    "poll_interval": 0.5,
+    "listen": False,
+    "grace_seconds": 3.0,
+    "drain": True,
+    "max_attempts": 5,
+    "backoff_base": 1.0,
+    "backoff_max": 60.0,
+    "metrics_port": 0,
+    "metrics_host": "127.0.0.1",
+    "log_format": "json",
+    "log_level": "debug",
+    "worker_id": "pod-a",
+}
+REQUIRED = {"LEASEBOX_DSN": "postgresql://app@db/app"}
+
+
+def test_the_samples_cover_every_option_with_a_value_other_than_its_default() -> None:
+    assert set(SAMPLES) == {option.name for option in OPTIONS}
+    for option in OPTIONS:
+        assert SAMPLES[option.name] != option.default, option.name
+
+
+def test_every_variable_is_distinct_and_prefixed() -> None:
+    variables = [option.variable for option in OPTIONS]
+    assert len(set(variables)) == len(variables)
+    assert all(v.startswith("LEASEBOX_") for v in variables)
+
+
+def test_the_settings_defaults_are_the_tables() -> None:
+    fields = {f.name: f for f in dataclasses.fields(WorkerSettings)}
+    for option in OPTIONS:
+        if option.target is Target.SETTINGS and option.default is not None:
+            assert fields[option.name].default == option.default, option.name
+    assert fields["batch_size"].default == options.CONCURRENCY.default
+
+
+def test_every_option_round_trips_through_the_environment_the_operator_writes() -> None:
+    environ = dict(options.environment(SAMPLES)) | REQUIRED
+    args = build_parser().parse_args(["worker"])
+    assert read_options(args, environ) == SAMPLES
+    config = process_config(args, environ)
+    for option in OPTIONS:
+        holder: WorkerSettings | ProcessConfig = (
+            config.settings if option.target is Target.SETTINGS else config
+        )
+        if hasattr(holder, option.name):
+            assert getattr(holder, option.name) == SAMPLES[option.name], option.name
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.style is Style.VALUE], ids=str)
+def test_a_flag_wins_over_its_variable(option: options.Option[Any]) -> None:
+    environ = {option.variable: option.render(option.default or SAMPLES[option.name])}
+    args = build_parser().parse_args(["worker", option.flag, option.render(SAMPLES[option.name])])
+    assert read_options(args, environ)[option.name] == SAMPLES[option.name]
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.style is not Style.VALUE], ids=str)
+def test_a_switch_flag_wins_over_its_variable(option: options.Option[Any]) -> None:
+    environ = {option.variable: option.render(option.default)}
+    args = build_parser().parse_args(["worker", option.flag])
+    assert read_options(args, environ)[option.name] == SAMPLES[option.name]
+
+
+def test_the_help_names_every_flag_and_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for option in OPTIONS:
+        assert option.flag in shown
+        assert f"[{option.variable}]" in shown
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "message"),
+    [
+        ("LEASEBOX_CONCURRENCY", "many", "LEASEBOX_CONCURRENCY must be a whole number"),
+        ("LEASEBOX_LEASE_SECONDS", "inf", "LEASEBOX_LEASE_SECONDS must be a finite number"),
+        ("LEASEBOX_DRAIN", "maybe", "LEASEBOX_DRAIN must be true or false"),
+        ("LEASEBOX_SCHEMA", "Mail-Box", "LEASEBOX_SCHEMA: invalid schema name"),
+    ],
+)
+def test_a_malformed_variable_is_one_error_naming_it(variable: str, raw: str, message: str) -> None:
+    args = build_parser().parse_args(["worker"])
+    with pytest.raises(ConfigurationError, match=message):
+        read_options(args, {variable: raw})
+
+
+def test_the_environment_refuses_a_name_that_is_no_setting() -> None:
+    with pytest.raises(KeyError, match="not worker settings: colour"):
+        options.environment({"colour": "blue"})

@@ -1,0 +1,75 @@
+"""One producer logic for sync and async connections: a plan of statements, run by either.
+
+A plan is a generator that yields `Step`s (statements sent together, pipelined) and
+receives the first row of each step's last statement, by column name. `run` executes a
+plan on a `psycopg.Connection` and `run_async` on an `AsyncConnection`, so `enqueue` and
+`enqueue_async` share every decision and differ only in how they wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from leasebox.db.queries import query
+
+T = TypeVar("T")
+Row = dict[str, Any] | None
+Plan = Generator["Step", Row, T]
+
+
+@dataclass(frozen=True)
+class Step:
+    """Named statements sent together; the plan receives the last one's first row."""
+
+    queries: tuple[tuple[str, dict[str, Any]], ...]
+
+
+def one(name: str, params: dict[str, Any]) -> Step:
+    """A step of a single statement."""
+    return Step(((name, params),))
+
+
+def run(conn: psycopg.Connection[Any], plan: Plan[T], schema: str) -> T:
+    """Execute `plan` on `conn` in the caller's transaction; return what the plan returns."""
+    try:
+        step = next(plan)
+        while True:
+            *before, (name, params) = step.queries
+            with ExitStack() as stack:
+                if before:
+                    stack.enter_context(conn.pipeline())
+                    for earlier, earlier_params in before:
+                        conn.execute(query(earlier, schema), earlier_params, prepare=True)
+                cur = stack.enter_context(conn.cursor(row_factory=dict_row))
+                cur.execute(query(name, schema), params, prepare=True)
+                row = cur.fetchone()
+            step = plan.send(row)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T], schema: str) -> T:
+    """`run` for an async connection."""
+    try:
+        step = next(plan)
+        while True:
+            *before, (name, params) = step.queries
+            async with AsyncExitStack() as stack:
+                if before:
+                    await stack.enter_async_context(conn.pipeline())
+                    for earlier, earlier_params in before:
+                        await conn.execute(query(earlier, schema), earlier_params, prepare=True)
+                cur = await stack.enter_async_context(conn.cursor(row_factory=dict_row))
+                await cur.execute(query(name, schema), params, prepare=True)
+                row = await cur.fetchone()
+            step = plan.send(row)
+    except StopIteration as done:
+        result: T = done.value
+        return result

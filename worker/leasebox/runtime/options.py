@@ -1,0 +1,321 @@
+"""The worker's configuration contract: one table of every setting a person can give it.
+
+Each `Option` names its field, its `LEASEBOX_*` variable, how its text is read, its default
+and its help. That one table builds the `leasebox worker` flags, reads the environment (a
+flag wins over its variable), gives `WorkerSettings` its defaults, and renders the env the
+operator writes into a pool's Deployment, so the names the operator writes and the names
+the worker reads cannot drift apart.
+
+Values are read here rather than by argparse so that a bad one, from either source, is one
+`ConfigurationError` line naming where it came from (`LEASEBOX_CONCURRENCY must be a whole
+number, got 'many'`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
+from leasebox.errors import ConfigurationError
+from leasebox.messages import BUILTIN_KINDS
+
+T = TypeVar("T")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+class Target(StrEnum):
+    """Which value an option configures."""
+
+    SETTINGS = "settings"
+    """`WorkerSettings`: how the runtime claims, sends and settles."""
+    PROCESS = "process"
+    """The process around it: provider, templates, metrics server, logs."""
+
+
+class Style(StrEnum):
+    """How an option looks on the command line."""
+
+    VALUE = "value"
+    """`--flag VALUE`."""
+    SWITCH = "switch"
+    """`--flag` sets it; the variable takes true or false."""
+    NEGATED = "negated"
+    """`--no-flag` turns off a setting that is on by default."""
+
+
+def whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("a whole number") from None
+
+
+def number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("a number") from None
+    if not math.isfinite(value):
+        raise ValueError("a finite number")
+    return value
+
+
+def text(value: str) -> str:
+    return value
+
+
+def kinds(value: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in value.split(",") if k.strip())
+
+
+def switch(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("true or false")
+
+
+def schema(value: str) -> str:
+    return validate_schema_name(value)
+
+
+def directory(value: str) -> Path:
+    return Path(value)
+
+
+@dataclass(frozen=True)
+class Option(Generic[T]):
+    """One setting: `field` of its target, `variable` in the environment, `--flag` by name."""
+
+    field: str
+    variable: str
+    parse: Callable[[str], T]
+    default: T
+    help: str
+    target: Target = Target.SETTINGS
+    style: Style = Style.VALUE
+    metavar: str | None = None
+    attribute: str = ""
+    """The target's attribute, when it is not named like the flag (`grace_seconds`)."""
+
+    @property
+    def name(self) -> str:
+        """The attribute of `WorkerSettings` or `ProcessConfig` this option sets."""
+        return self.attribute or self.field
+
+    @property
+    def flag(self) -> str:
+        name = self.field.replace("_", "-")
+        return f"--no-{name}" if self.style is Style.NEGATED else f"--{name}"
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination of the flag."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def render(self, value: T) -> str:
+        """`value` as the text of its variable (what the operator writes into a pod's env)."""
+        if self.style is Style.NEGATED:
+            return "false" if value else "true"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, tuple):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+
+KINDS = Option[tuple[str, ...]](
+    "kinds", "LEASEBOX_KINDS", kinds, BUILTIN_KINDS, "comma-separated kinds to claim"
+)
+SCHEMA = Option("schema", "LEASEBOX_SCHEMA", schema, DEFAULT_SCHEMA, "schema of the tables")
+PROVIDER = Option(
+    "provider",
+    "LEASEBOX_PROVIDER_URL",
+    text,
+    "",
+    "provider URL: smtp://, smtps://, http(s)://, log://, null:// (required)",
+    Target.PROCESS,
+    attribute="provider_url",
+)
+PROVIDER_TIMEOUT = Option(
+    "provider_timeout",
+    "LEASEBOX_PROVIDER_TIMEOUT",
+    number,
+    10.0,
+    "seconds a provider call may take",
+    Target.PROCESS,
+)
+TEMPLATES = Option[Path | None](
+    "templates",
+    "LEASEBOX_TEMPLATES",
+    directory,
+    None,
+    "directory whose templates override the built-ins",
+    Target.PROCESS,
+    metavar="DIR",
+    attribute="templates_dir",
+)
+CONCURRENCY = Option(
+    "concurrency", "LEASEBOX_CONCURRENCY", whole_number, 32, "sends in flight at once"
+)
+BATCH_SIZE = Option[int | None](
+    "batch_size",
+    "LEASEBOX_BATCH_SIZE",
+    whole_number,
+    None,
+    "most rows per claim statement (default: the concurrency)",
+)
+LEASE_SECONDS = Option(
+    "lease_seconds", "LEASEBOX_LEASE_SECONDS", number, 45.0, "lease length; long sends extend it"
+)
+POLL_INTERVAL = Option(
+    "poll_interval",
+    "LEASEBOX_POLL_INTERVAL",
+    number,
+    1.0,
+    "longest idle wait between claims, seconds",
+)
+LISTEN = Option(
+    "listen",
+    "LEASEBOX_NO_LISTEN",
+    switch,
+    True,
+    "do not LISTEN for new rows; poll only",
+    style=Style.NEGATED,
+)
+GRACE = Option(
+    "grace",
+    "LEASEBOX_GRACE",
+    number,
+    30.0,
+    "seconds in-flight sends may take after SIGTERM",
+    attribute="grace_seconds",
+)
+DRAIN = Option(
+    "drain",
+    "LEASEBOX_DRAIN",
+    switch,
+    False,
+    "exit once nothing is ready (batch jobs, benchmarks)",
+    style=Style.SWITCH,
+)
+MAX_ATTEMPTS = Option(
+    "max_attempts",
+    "LEASEBOX_MAX_ATTEMPTS",
+    whole_number,
+    8,
+    "attempt limit for rows without their own",
+)
+BACKOFF_BASE = Option(
+    "backoff_base", "LEASEBOX_BACKOFF_BASE", number, 2.0, "first retry delay, seconds"
+)
+BACKOFF_MAX = Option(
+    "backoff_max", "LEASEBOX_BACKOFF_MAX", number, 300.0, "longest retry delay, seconds"
+)
+METRICS_PORT = Option(
+    "metrics_port",
+    "LEASEBOX_METRICS_PORT",
+    whole_number,
+    9108,
+    "port of /metrics, /healthz, /readyz; 0 = off",
+    Target.PROCESS,
+)
+METRICS_HOST = Option(
+    "metrics_host",
+    "LEASEBOX_METRICS_HOST",
+    text,
+    "0.0.0.0",  # noqa: S104 - the pod's metrics port is meant to be scraped
+    "address the metrics server binds",
+    Target.PROCESS,
+)
+LOG_FORMAT = Option[str | None](
+    "log_format",
+    "LEASEBOX_LOG_FORMAT",
+    text,
+    None,
+    "json or text (default: text at a terminal, else json)",
+    Target.PROCESS,
+)
+LOG_LEVEL = Option(
+    "log_level",
+    "LEASEBOX_LOG_LEVEL",
+    text,
+    "info",
+    "debug, info, warning or error",
+    Target.PROCESS,
+)
+WORKER_ID = Option[str | None](
+    "worker_id",
+    "LEASEBOX_WORKER_ID",
+    text,
+    None,
+    "name recorded in leased_by and logs (default: hostname-pid)",
+)
+
+OPTIONS: tuple[Option[Any], ...] = (
+    KINDS,
+    SCHEMA,
+    PROVIDER,
+    PROVIDER_TIMEOUT,
+    TEMPLATES,
+    CONCURRENCY,
+    BATCH_SIZE,
+    LEASE_SECONDS,
+    POLL_INTERVAL,
+    LISTEN,
+    GRACE,
+    DRAIN,
+    MAX_ATTEMPTS,
+    BACKOFF_BASE,
+    BACKOFF_MAX,
+    METRICS_PORT,
+    METRICS_HOST,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    WORKER_ID,
+)
+BY_NAME: Mapping[str, Option[Any]] = {option.name: option for option in OPTIONS}
+
+
+def read(
+    option: Option[T], flags: Mapping[str, object], environ: Mapping[str, str]
+) -> tuple[T, str]:
+    """The value of `option` and where it came from: its flag, else its variable, else the
+    default. A malformed value is a `ConfigurationError` naming that source."""
+    given = flags.get(option.dest)
+    if given is not None and given is not False:
+        if option.style is not Style.VALUE:
+            return (option.style is Style.SWITCH), option.flag  # type: ignore[return-value]
+        source, raw = option.flag, str(given)
+    else:
+        source, raw = option.variable, environ.get(option.variable, "").strip()
+        if not raw and option.style is Style.VALUE:
+            return option.default, source
+    try:
+        value = option.parse(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"{source} must be {exc}, got {raw!r}") from None
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{source}: {exc}") from None
+    if option.style is Style.NEGATED:
+        return (not value), source  # type: ignore[return-value]
+    return value, source
+
+
+def environment(values: Mapping[str, object]) -> list[tuple[str, str]]:
+    """`(variable, text)` for each setting in `values` (by attribute name, as in
+    `WorkerSettings`): the env that configures a worker with those values."""
+    unknown = sorted(set(values) - set(BY_NAME))
+    if unknown:
+        raise KeyError(f"not worker settings: {', '.join(unknown)}")
+    return [(BY_NAME[name].variable, BY_NAME[name].render(value)) for name, value in values.items()]
