@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from leasebox.delivery.providers import (
     TransientProviderError,
     provider_from_url,
 )
+from leasebox.delivery.providers.base import parse_retry_after
 from leasebox.delivery.providers.http import HttpProvider
 from support.mail_servers import free_port
 
@@ -235,3 +237,21 @@ async def test_concurrent_sends_share_one_session_and_all_arrive(api: MailApi) -
     assert sorted(r.headers["Idempotency-Key"] for r in api.received) == sorted(
         f"k{n}" for n in range(32)
     )
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("120", 120.0),
+        ("Wed, 21 Oct 2026 07:28:30 GMT", 30.0),
+        ("Wed, 21 Oct 2026 07:27:00 GMT", None),
+        ("soon", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_retry_after_is_read_as_seconds_or_an_http_date(
+    header: str | None, seconds: float | None
+) -> None:
+    now = datetime(2026, 10, 21, 7, 28, 0, tzinfo=UTC)
+    assert parse_retry_after(header, now) == seconds

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from leasebox.delivery.retrying import backoff_delay, classify, should_retry
+from leasebox.delivery.retrying import (
+    MAX_RETRY_AFTER,
+    Failure,
+    backoff_delay,
+    classify,
+    retry_delay,
+    should_retry,
+)
 from leasebox.errors import (
     PayloadKeyError,
     PermanentProviderError,
@@ -91,3 +98,25 @@ def test_only_transient_failures_with_attempts_left_are_retried() -> None:
     assert should_retry(transient, attempts=7, max_attempts=8)
     assert not should_retry(transient, attempts=8, max_attempts=8)
     assert not should_retry(permanent, attempts=1, max_attempts=8)
+
+
+def test_a_providers_retry_after_longer_than_the_backoff_is_the_delay() -> None:
+    asked = classify(TransientProviderError("http_429", "slow down", retry_after=120))
+    assert asked.retry_after == 120
+    assert retry_delay(asked, 1, base=2, cap=300, rng=lambda: 0.5) == 120
+
+
+def test_a_retry_after_shorter_than_the_backoff_leaves_the_backoff() -> None:
+    asked = Failure("transient", "http_429", "slow down", retry_after=0.5)
+    assert retry_delay(asked, 4, base=2, cap=300, rng=lambda: 0.0) == 8.0
+
+
+def test_a_retry_after_is_bounded_so_a_bogus_header_cannot_park_a_message() -> None:
+    asked = Failure("transient", "http_429", "slow down", retry_after=10**9)
+    assert retry_delay(asked, 1, base=2, cap=300) == MAX_RETRY_AFTER
+
+
+def test_without_a_retry_after_the_delay_is_the_backoff() -> None:
+    plain = classify(TransientProviderError("timeout", "late"))
+    assert plain.retry_after is None
+    assert retry_delay(plain, 3, base=2, cap=300, rng=lambda: 0.0) == 4.0

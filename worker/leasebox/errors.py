@@ -110,14 +110,17 @@ class ProviderError(DeliveryError):
     """A send or a connection failed; `error_class` tells the worker whether to retry.
 
     `code` is short and low-cardinality (`smtp_550`, `timeout`); the message is one short
-    line that never contains a body, a secret or a password.
+    line that never contains a body, a secret or a password. `retry_after` is how long the
+    provider asked to be left alone (HTTP 429 `Retry-After`), in seconds: the next attempt
+    waits at least that long.
     """
 
     error_class: str = TRANSIENT
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.retry_after = retry_after
 
     @property
     def transient(self) -> bool:

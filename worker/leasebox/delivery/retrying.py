@@ -30,6 +30,7 @@ class Failure:
     error_class: str
     code: str
     detail: str
+    retry_after: float | None = None
 
     @property
     def transient(self) -> bool:
@@ -44,6 +45,8 @@ class Failure:
 
 
 _INVALID_MESSAGE_CODES = frozenset({"template"})
+# The longest wait a provider's Retry-After can impose on one attempt.
+MAX_RETRY_AFTER = 3600.0
 
 
 def classify(exc: BaseException) -> Failure:
@@ -65,7 +68,8 @@ def classify(exc: BaseException) -> Failure:
     Messages of unknown exceptions are not kept: they may quote anything.
     """
     if isinstance(exc, ProviderError):
-        return Failure(exc.error_class, exc.code, one_line(str(exc)) or exc.code)
+        detail = one_line(str(exc)) or exc.code
+        return Failure(exc.error_class, exc.code, detail, exc.retry_after)
     if _is_template_error(exc):
         return Failure(PERMANENT, "template", one_line(str(exc)) or "template error")
     if isinstance(exc, PayloadKeyError):
@@ -102,6 +106,26 @@ def backoff_delay(
     exponent = min(attempt - 1, 62)  # 2**62 * base overflows nothing and exceeds any cap
     ceiling = min(cap, base * float(2**exponent))
     return ceiling / 2 + ceiling / 2 * rng()
+
+
+def retry_delay(
+    failure: Failure,
+    attempt: int,
+    *,
+    base: float,
+    cap: float,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """The delay before the next attempt: the backoff, or longer if the provider asked.
+
+    A provider's `Retry-After` wins over a shorter backoff (retrying sooner only spends an
+    attempt on another refusal), bounded by `MAX_RETRY_AFTER` so that a bogus header cannot
+    park a message for days.
+    """
+    delay = backoff_delay(attempt, base=base, cap=cap, rng=rng)
+    if failure.retry_after is not None and failure.retry_after > delay:
+        return min(failure.retry_after, MAX_RETRY_AFTER)
+    return delay
 
 
 def should_retry(failure: Failure, attempts: int, max_attempts: int) -> bool:

@@ -34,8 +34,8 @@ from leasebox.delivery.providers.base import Email, Provider, reads_content
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
     Failure,
-    backoff_delay,
     classify,
+    retry_delay,
     should_retry,
 )
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
@@ -391,7 +391,8 @@ class Worker:
         limit = message.max_attempts or self.settings.max_attempts
         action: Retry | Dead
         if should_retry(failure, message.attempts, limit):
-            delay = backoff_delay(
+            delay = retry_delay(
+                failure,
                 message.attempts,
                 base=self.settings.backoff_base,
                 cap=self.settings.backoff_max,

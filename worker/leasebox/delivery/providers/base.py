@@ -13,6 +13,8 @@ import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Protocol, runtime_checkable
 
 MAX_ERROR_LENGTH = 240
@@ -87,6 +89,27 @@ def derived_message_id(delivery_key: str, domain: str = MESSAGE_ID_DOMAIN) -> st
     """
     digest = hashlib.sha256(delivery_key.encode()).hexdigest()[:32]
     return f"<{digest}@{domain}>"
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds from an HTTP `Retry-After` header (delta-seconds or an HTTP-date), else None.
+
+    A value that cannot be read, or a date in the past, is None: the caller's own backoff
+    applies.
+    """
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return seconds if seconds > 0 else None
 
 
 _WHITESPACE = re.compile(r"\s+")
