@@ -69,10 +69,10 @@ def test_leasebox_migrate_applies_what_is_missing_and_then_nothing(
     assert {"outbox", "receipts"} <= tables(empty_db_dsn)
 
 
-def test_leasebox_migrate_takes_another_schema(
-    django_empty_alias: str, empty_db_dsn: str
-) -> None:
-    call_command("leasebox_migrate", database=django_empty_alias, schema="mail", stdout=io.StringIO())
+def test_leasebox_migrate_takes_another_schema(django_empty_alias: str, empty_db_dsn: str) -> None:
+    call_command(
+        "leasebox_migrate", database=django_empty_alias, schema="mail", stdout=io.StringIO()
+    )
 
     assert {"outbox", "receipts"} <= tables(empty_db_dsn, "mail")
     assert tables(empty_db_dsn) == set()
@@ -80,7 +80,7 @@ def test_leasebox_migrate_takes_another_schema(
 
 def test_the_django_migrations_reach_the_latest_leasebox_migration() -> None:
     latest = import_module("leasebox.producer.django.migrations.0001_leasebox_schema")
-    assert latest.LEASEBOX_VERSION == available_migrations()[-1].version
+    assert available_migrations()[-1].version == latest.LEASEBOX_VERSION
 
 
 def test_enqueue_outside_an_atomic_block_is_refused_and_writes_nothing(

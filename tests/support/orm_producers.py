@@ -91,7 +91,10 @@ class AsyncSessionProducer:
         self._loop = asyncio.new_event_loop()
         self._engine = create_async_engine(sqlalchemy_url(dsn, driver))
         self._session = AsyncSession(self._engine)
-        self._conn = self._run(self._engine.connect()) if use_connection else None
+        self._conn = self._run(self._connect()) if use_connection else None
+
+    async def _connect(self) -> Any:
+        return await self._engine.connect()
 
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         return self._loop.run_until_complete(work)
@@ -136,7 +139,7 @@ def add_django_database(dsn: str) -> str:
                 "PASSWORD": str(params.get("password") or ""),
                 "HOST": str(params.get("host") or ""),
                 "PORT": str(params.get("port") or ""),
-            }
+            },
         }
     )
     connections.settings[alias] = configured[alias]

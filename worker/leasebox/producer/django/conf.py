@@ -61,7 +61,9 @@ def _guard(value: object) -> AbuseGuard | None:
         raise _problem("GUARD", "must be a dict such as {'per_recipient': 5} or an AbuseGuard")
     unknown = sorted(set(value) - set(_GUARD_FIELDS))
     if unknown:
-        raise _problem("GUARD", f"has unknown key {unknown[0]!r}; known: {', '.join(_GUARD_FIELDS)}")
+        raise _problem(
+            "GUARD", f"has unknown key {unknown[0]!r}; known: {', '.join(_GUARD_FIELDS)}"
+        )
     try:
         return AbuseGuard(**dict(value))
     except (LeaseboxError, TypeError) as exc:
@@ -72,7 +74,9 @@ def _keys(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         value = value.split(",")
     if not isinstance(value, list | tuple) or not all(isinstance(k, str) for k in value):
-        raise _problem("PAYLOAD_KEYS", "must be a list of Fernet keys (or one comma-separated string)")
+        raise _problem(
+            "PAYLOAD_KEYS", "must be a list of Fernet keys (or one comma-separated string)"
+        )
     keys = tuple(k.strip() for k in value if k.strip())
     try:
         PayloadCipher(list(keys))

@@ -75,6 +75,8 @@ def enqueue(
             found = cursor.fetchone()
             if found is None:
                 return None
-            return {column.name: value for column, value in zip(cursor.description, found, strict=True)}
+            return {
+                column.name: value for column, value in zip(cursor.description, found, strict=True)
+            }
 
         return drive(plan, execute)

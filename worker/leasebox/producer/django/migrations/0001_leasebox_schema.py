@@ -25,5 +25,4 @@ def forwards(apps: Any, schema_editor: Any) -> None:
 class Migration(migrations.Migration):
     atomic = False
     initial = True
-    dependencies: list[tuple[str, str]] = []
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop, elidable=False)]

@@ -34,6 +34,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if applied:
             for migration in applied:
-                self.stdout.write(f"applied leasebox migration {migration.version:04d} {migration.name}")
+                self.stdout.write(
+                    f"applied leasebox migration {migration.version:04d} {migration.name}"
+                )
         else:
             self.stdout.write("leasebox schema is up to date")
