@@ -28,6 +28,7 @@ from support.mail_services import (
     StandIn,
     provider_url,
     serve_stand_in,
+    use_stand_in_credentials,
 )
 
 CODE = "771204"
@@ -35,21 +36,7 @@ CODE = "771204"
 
 @pytest.fixture(autouse=True)
 def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stand-ins' keys in the environment, and no other AWS source the SDK could try."""
-    monkeypatch.setenv("LEASEBOX_TEST_API_KEY", KEY)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_ACCESS_KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET_ACCESS_KEY)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/leasebox-aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/leasebox-aws-credentials")
-    for name in (
-        "AWS_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):
-        monkeypatch.delenv(name, raising=False)
+    use_stand_in_credentials(monkeypatch)
 
 
 @pytest.fixture(params=SERVICES)

@@ -404,3 +404,27 @@ def provider_url(stand_in: StandIn, *, timeout: float = 5.0) -> str:
     if stand_in.service == "mailgun":
         return f"mailgun://eu/mg.example.com?{base}&token_env=LEASEBOX_TEST_API_KEY"
     return f"{stand_in.service}://?{base}&token_env=LEASEBOX_TEST_API_KEY"
+
+
+AWS_SOURCES = (
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+
+
+def use_stand_in_credentials(monkeypatch: Any) -> None:
+    """The stand-ins' keys in the environment, and no other AWS source the SDK could try.
+
+    Instance metadata is switched off so that the SDK never looks beyond this machine.
+    """
+    monkeypatch.setenv("LEASEBOX_TEST_API_KEY", KEY)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_ACCESS_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET_ACCESS_KEY)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/leasebox-aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/leasebox-aws-credentials")
+    for name in AWS_SOURCES:
+        monkeypatch.delenv(name, raising=False)
