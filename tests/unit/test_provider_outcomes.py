@@ -6,7 +6,7 @@ import pytest
 
 from leasebox.delivery.providers.base import Outcome, idempotency, request_outcome
 from leasebox.delivery.providers.development import NullProvider
-from leasebox.delivery.providers.mail_api import seconds_until
+from leasebox.delivery.providers.mail_api import ApiAnswer, seconds_until, status_error
 from leasebox.errors import PermanentProviderError, TransientProviderError
 from leasebox.runtime.metrics import PROVIDER_OUTCOMES, WorkerMetrics
 
@@ -61,3 +61,29 @@ def test_a_reset_time_in_the_past_or_unreadable_gives_no_wait() -> None:
     assert seconds_until("1000") is None
     assert seconds_until("soon") is None
     assert seconds_until(None) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "transient", "outcome"),
+    [
+        (400, False, Outcome.REJECTED),
+        (401, True, Outcome.ACCOUNT),
+        (403, True, Outcome.ACCOUNT),
+        (404, False, Outcome.REJECTED),
+        (408, True, Outcome.TIMEOUT),
+        (413, False, Outcome.REJECTED),
+        (429, True, Outcome.THROTTLED),
+        (500, True, Outcome.UNAVAILABLE),
+        (503, True, Outcome.UNAVAILABLE),
+    ],
+)
+def test_a_service_status_maps_onto_transient_or_permanent(
+    status: int, transient: bool, outcome: Outcome
+) -> None:
+    error = status_error("sendgrid", ApiAnswer(status, {"Retry-After": "7"}, {"x": "body"}))
+
+    assert error.transient is transient
+    assert request_outcome(error) is outcome
+    assert error.code == f"sendgrid_{status}"
+    assert error.retry_after == 7
+    assert "body" not in str(error)
