@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SECOND_PG_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench clean
+.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ crds: install ## regenerate crds/ and the chart's copy from the pydantic models
 bench: install ## benchmarks side by side with the peers (bench/results/latest.json, figures in bench/README.md)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(BIN)/python -m bench.run
+
+mutate: install ## the mutation gate: every curated break of a guarantee must fail a test by assertion
+	$(BIN)/python -m tools.mutate
 
 clean: ## remove build output and the virtual environment
 	rm -rf build dist $(VENV) .mypy_cache .pytest_cache .ruff_cache
