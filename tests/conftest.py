@@ -19,7 +19,7 @@ from psycopg import conninfo, sql
 
 from leasebox.migrations import migrate
 
-pytest_plugins = ["kube_emulator"]
+pytest_plugins = ["support.kube.emulator"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"

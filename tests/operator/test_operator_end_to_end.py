@@ -21,8 +21,8 @@ import pytest
 import yaml
 from psycopg import conninfo, sql
 
-from kube_emulator import KubeEmulator
-from operator_harness import POOLS, Cluster, running_operator, wait_for
+from support.kube.emulator import KubeEmulator
+from support.kube.harness import POOLS, Cluster, running_operator, wait_for
 
 NAME = "e2e"
 DEPLOYMENT = f"{NAME}-worker"

@@ -30,9 +30,8 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-from kmock._internal.rendering import Response  # exported by kmock 0.8, but not in its __all__
 
-from kube_api_semantics import (
+from support.kube.semantics import (
     WatchChange,
     api_error,
     builtin_resources,
@@ -154,12 +153,15 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         try:
             request = await _parse_request(raw_request, len(self._requests))
             self._requests.append(request)
-            return await self._handle(request)
+            response = await self._handle(request)
         except kmock.KubernetesError as exc:
             return await self._render_error(exc)
         except Exception as exc:  # an emulator bug: reported as 500 and kept for the fixture
             self.server_errors.append(exc)
             return await self._render_error(exc)
+        if request.action == kmock.action.CREATE and response.status == 200:
+            response.set_status(201)  # a create answers 201 Created, as the API server does
+        return response
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Skip kmock's own object tracking: the fallbacks below keep the state.
@@ -534,8 +536,7 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             raise kmock.KubernetesEndpointNotFoundError()
         if not isinstance(request.data, dict):
             raise api_error(400, "BadRequest", "the request body must be a JSON object")
-        obj = self.create_object(request.resource, request.namespace, request.data)
-        return Response(status=201, payload=obj)
+        return self.create_object(request.resource, request.namespace, request.data)
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
         resource, name = _named(request)

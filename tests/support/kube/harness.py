@@ -12,29 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from kube_emulator import KubeEmulator
 from leasebox_operator.crd import custom_resource_definition
+from support.kube.emulator import KubeEmulator
 
-T = TypeVar("T")
 POOLS = ("leasebox.dev/v1alpha1", "outboxworkerpools")
-
-
-def wait_for(probe: Callable[[], T | None], *, what: str, timeout: float = 10.0) -> T:
-    """Call `probe` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
 
 
 def free_port() -> int:
