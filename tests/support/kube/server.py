@@ -30,7 +30,9 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
+import yaml
 
+from support.kube.apply import ApplyConflict, FieldOwnership
 from support.kube.semantics import (
     WatchChange,
     api_error,
@@ -52,6 +54,8 @@ Key = tuple[kmock.resource, str | None, str]
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _NAME_ALPHABET = string.ascii_lowercase + string.digits
+APPLY_PATCH = "application/apply-patch+yaml"
+DIRECT_MANAGER = "emulator-direct"  # the manager of writes made through the direct methods
 _MERGE_TYPES = {
     "application/merge-patch+json",
     "application/strategic-merge-patch+json",
@@ -100,6 +104,15 @@ def _with_status(obj: Body, status: Any) -> Body:
     return result if status is None else result | {"status": copy.deepcopy(status)}
 
 
+def _manager(request: kmock.Request) -> str:
+    """The field manager of a write: `fieldManager`, else the user-agent's product name."""
+    explicit = request.params.get("fieldManager")
+    if explicit:
+        return explicit
+    agent = {k.lower(): v for k, v in request.headers.items()}.get("user-agent", "unknown")
+    return agent.split("/", 1)[0].split(" ", 1)[0] or "unknown"
+
+
 def _named(request: kmock.Request) -> tuple[kmock.resource, str]:
     if request.resource is None or request.name is None:
         raise kmock.KubernetesEndpointNotFoundError()
@@ -130,6 +143,7 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
     _scale_paths: dict[kmock.resource, tuple[str, str, str | None]] = attrs.field(
         factory=dict, init=False
     )
+    _fields: dict[Key, FieldOwnership] = attrs.field(factory=dict, init=False)
     _loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -217,7 +231,13 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                 if matches_selectors(obj.raw, label_selector, field_selector)
             ]
 
-    def create_object(self, resource: kmock.resource, namespace: str | None, body: Body) -> Body:
+    def create_object(
+        self,
+        resource: kmock.resource,
+        namespace: str | None,
+        body: Body,
+        manager: str = DIRECT_MANAGER,
+    ) -> Body:
         info = self.info(resource)
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
@@ -257,6 +277,9 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                     {"type": t, "status": "True"} for t in ("NamesAccepted", "Established")
                 ]
                 obj["status"] = {"acceptedNames": names, "conditions": conditions}
+            meta.pop("managedFields", None)
+            self._fields[key] = FieldOwnership()
+            self._own(key, manager, None, obj)
             self._store(key, "ADDED", obj, None)
             self._after_write(key)
             return copy.deepcopy(obj)
@@ -269,13 +292,17 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         change: Body | list[Any],
         content_type: str,
         subresource: str | None = None,
+        manager: str = DIRECT_MANAGER,
+        force: bool = False,
     ) -> Body:
-        """Patch (merge or JSON) or replace (content type "replace") an object or subresource."""
+        """Patch (merge, JSON or apply) or replace ("replace") an object or subresource."""
         info = self.info(resource)
         if subresource is not None and subresource not in info.subresources:
             raise api_error(404, "NotFound", f"{resource.plural} has no {subresource} subresource")
         with self._state_lock:
             key = self._key(resource, namespace, name)
+            if content_type == APPLY_PATCH:
+                return self._server_side_apply(key, change, manager, force, subresource)
             old = self._stored(key)
             target = scale_of(old, self._scale_paths[resource]) if subresource == "scale" else old
             changed = self._apply(target, change, content_type)
@@ -284,10 +311,45 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                 replicas = get_path(changed, ".spec.replicas")
                 changed = set_path(copy.deepcopy(old), spec_path, replicas)
             new = self._merge_update(info, old, changed, subresource)
+            if subresource != "status":
+                self._own(key, manager, old, new)
             if new != old:
                 self._store(key, "MODIFIED", new, old)
                 self._after_write(key)
             return self.get_scale(key) if subresource == "scale" else copy.deepcopy(new)
+
+    def _server_side_apply(
+        self, key: Key, config: Any, manager: str, force: bool, subresource: str | None
+    ) -> Body:
+        """Apply `config` as `manager` (creating the object when it does not exist)."""
+        if not isinstance(config, dict) or subresource is not None:
+            raise api_error(400, "BadRequest", "apply takes one object, on the main resource")
+        if not manager:
+            raise api_error(400, "BadRequest", "fieldManager is required for apply patches")
+        resource, namespace, name = key
+        if (config.get("metadata") or {}).get("name") not in {None, name}:
+            raise api_error(400, "BadRequest", "the name of the object does not match the URL")
+        if key not in self._objects or self._objects[key].deleted:
+            self.create_object(resource, namespace, config, manager="")
+            self._fields[key] = FieldOwnership()  # the apply below owns what it created
+        old = self._stored(key)
+        try:
+            applied = self._fields[key].apply(old, config, manager, force=force)
+        except ApplyConflict as exc:
+            raise api_error(409, "Conflict", f"Apply failed with conflicts: {exc}") from None
+        new = self._merge_update(self.info(resource), old, applied, None)
+        new["metadata"]["managedFields"] = self._fields[key].managed_fields(old["apiVersion"])
+        if new != old:
+            self._store(key, "MODIFIED", new, old)
+            self._after_write(key)
+        return copy.deepcopy(self._objects[key].raw)
+
+    def _own(self, key: Key, manager: str, old: Body | None, new: Body) -> None:
+        """Record an Update by `manager` and show the ownership in `managedFields`."""
+        fields = self._fields.setdefault(key, FieldOwnership())
+        if manager:
+            fields.record_update(manager, old, new)
+        new["metadata"]["managedFields"] = fields.managed_fields(new["apiVersion"])
 
     def get_scale(self, key: Key) -> Body:
         with self._state_lock:
@@ -392,6 +454,7 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             "resourceVersion",
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
+            "managedFields",
         ):
             meta.pop(field, None)
             if field in old["metadata"]:
@@ -536,22 +599,40 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             raise kmock.KubernetesEndpointNotFoundError()
         if not isinstance(request.data, dict):
             raise api_error(400, "BadRequest", "the request body must be a JSON object")
-        return self.create_object(request.resource, request.namespace, request.data)
+        return self.create_object(
+            request.resource, request.namespace, request.data, manager=_manager(request)
+        )
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
         resource, name = _named(request)
         headers = {key.lower(): value for key, value in request.headers.items()}
         content_type = headers.get("content-type", "").split(";")[0].strip()
         change = request.data
+        if content_type == APPLY_PATCH and change is None:
+            change = yaml.safe_load(request.text)  # kubectl sends YAML
+        force = request.params.get("force") in {"true", "1"}
         return self.update_object(
-            resource, request.namespace, name, change, content_type, request.subresource
+            resource,
+            request.namespace,
+            name,
+            change,
+            content_type,
+            request.subresource,
+            manager=_manager(request),
+            force=force,
         )
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         resource, name = _named(request)
         change = request.data
         return self.update_object(
-            resource, request.namespace, name, change, "replace", request.subresource
+            resource,
+            request.namespace,
+            name,
+            change,
+            "replace",
+            request.subresource,
+            manager=_manager(request),
         )
 
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
