@@ -31,7 +31,8 @@ from leasebox import OutboxMessage, enqueue
 from leasebox.smtp_sink import SmtpSink
 from monitoring_sources import alert_expressions, dashboard_expressions
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, free_port, running_operator, wait_for
+from support.kube.harness import POOLS, free_port, running_operator
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 NAMESPACE, POOL_NAME = "default", "otp"

@@ -22,7 +22,8 @@ import yaml
 from psycopg import conninfo, sql
 
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, Cluster, running_operator, wait_for
+from support.kube.harness import POOLS, Cluster, running_operator
+from support.waiting import wait_for
 
 NAME = "e2e"
 DEPLOYMENT = f"{NAME}-worker"

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 
 class LeaseboxError(Exception):
-    """Base class of every error leasebox raises on purpose."""
+    """Base class of every error leasebox raises on purpose.
+
+    `exit_code` is what a command exits with when the error ends it: 1 for a runtime
+    failure (a database that cannot be reached, a schema not migrated), 2 for a usage or
+    configuration error that no retry fixes.
+    """
+
+    exit_code = 1
 
 
 class ConfigurationError(LeaseboxError):
     """A setting is missing or malformed (DSN, schema name, provider URL, keys)."""
+
+    exit_code = 2
 
 
 class DatabaseUnavailable(LeaseboxError):
@@ -60,3 +69,5 @@ class RateLimited(LeaseboxError):
 
 class PayloadKeyError(LeaseboxError):
     """Secrets cannot be encrypted or decrypted with the configured keys."""
+
+    exit_code = 2

@@ -27,6 +27,7 @@ from leasebox.database import APPLICATION_NAME, connection_error
 from leasebox.errors import ConfigurationError, DatabaseUnavailable, LeaseboxError, NotMigrated
 from leasebox.health import HealthServer, build_app
 from leasebox.metrics import WorkerMetrics
+from leasebox.migrations import expected_schema_version
 from leasebox.payload_crypto import default_cipher
 from leasebox.providers import ProviderError, provider_from_url
 from leasebox.providers.base import Provider
@@ -139,8 +140,16 @@ async def check_database(dsn: str, schema: str) -> None:
     async with conn:
         cur = await conn.execute(query("schema_present", schema), {"schema_name": schema})
         row = await cur.fetchone()
-    if not row or not row[0]:
-        raise NotMigrated(schema)
+        if not row or not row[0]:
+            raise NotMigrated(schema)
+        try:
+            cur = await conn.execute(query("schema_version", schema))
+            found = await cur.fetchone()
+        except psycopg.errors.UndefinedTable:
+            raise NotMigrated(schema, "it has no migration history") from None
+    applied, needed = int(found[0] if found else 0), expected_schema_version()
+    if applied < needed:  # claiming on an older schema could miss columns this image writes
+        raise NotMigrated(schema, f"it is at version {applied}, this image needs {needed}")
 
 
 async def start_provider(provider: Provider) -> None:

@@ -347,3 +347,7 @@ LISTEN leasebox_outbox;
 -- name: schema_present
 SELECT count(*) = 2 FROM pg_catalog.pg_tables
 WHERE schemaname = %(schema_name)s AND tablename IN ('outbox', 'receipts');
+
+-- name: schema_version
+-- The newest migration applied to the schema (the operator and the worker compare it with theirs).
+SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations;
