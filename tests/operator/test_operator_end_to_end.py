@@ -27,8 +27,8 @@ from support.waiting import wait_for
 
 NAME = "e2e"
 DEPLOYMENT = f"{NAME}-worker"
-POLL_SECONDS = 0.5
-STABILISATION_SECONDS = 2.0
+POLL_SECONDS = 1
+STABILISATION_SECONDS = 2
 
 POOL: dict[str, Any] = {
     "apiVersion": "leasebox.dev/v1alpha1",
@@ -134,7 +134,7 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
                                  namespace="default"),
         what="the PodDisruptionBudget",
     )  # fmt: skip
-    wait_for(lambda: cluster.condition_is("Ready", "True", "Reconciled"), what="Ready=True")
+    wait_for(lambda: cluster.condition_is("Ready", "True", "Available"), what="Ready=True")
     wait_for(lambda: cluster.condition_is("DatabaseReachable", "True"), what="database reachable")
 
     # A backlog arrives: replicas go up within two polls; the status shows the backlog.

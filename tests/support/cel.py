@@ -9,11 +9,12 @@ that cannot be evaluated, is a failure.
 
 from __future__ import annotations
 
-import copy
 from functools import cache
 from typing import Any
 
 import celpy
+
+from support.kube.semantics import apply_defaults
 
 Schema = dict[str, Any]
 
@@ -22,25 +23,6 @@ Schema = dict[str, Any]
 def _program(rule: str) -> Any:
     environment = celpy.Environment()
     return environment.program(environment.compile(rule))
-
-
-def apply_defaults(schema: Schema, value: Any) -> Any:
-    """`value` with the schema's defaults filled in, recursively (a copy)."""
-    value = copy.deepcopy(value)
-    if isinstance(value, dict):
-        for name, sub in (schema.get("properties") or {}).items():
-            if name not in value and "default" in sub:
-                value[name] = copy.deepcopy(sub["default"])
-            if name in value:
-                value[name] = apply_defaults(sub, value[name])
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key in list(value):
-                if key not in (schema.get("properties") or {}):
-                    value[key] = apply_defaults(extra, value[key])
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        value = [apply_defaults(schema["items"], item) for item in value]
-    return value
 
 
 def rules(schema: Schema, path: str = "") -> list[tuple[str, str]]:

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import copy
 import datetime
-import json
 import secrets
 import string
 import threading
@@ -32,22 +31,24 @@ import jsonpatch
 import kmock
 import yaml
 
+from support.kube import tables
 from support.kube.apply import ApplyConflict, FieldOwnership
+from support.kube.requests import manager_of, named, parse_request, with_status
 from support.kube.semantics import (
     WatchChange,
     api_error,
+    apply_defaults,
     builtin_resources,
     crd_resources,
     deployment_status,
     get_path,
-    guess_action,
     matches_selectors,
     merge_patch,
-    parse_path,
     scale_of,
     set_path,
     spec_part,
 )
+from support.kube.watching import Watcher, stream_watch
 
 Body = dict[str, Any]
 Key = tuple[kmock.resource, str | None, str]
@@ -70,63 +71,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _parse_request(raw: aiohttp.web.BaseRequest, request_id: int) -> kmock.Request:
-    body = await raw.read()
-    try:
-        data = json.loads(body) if body else None
-    except ValueError:
-        data = None
-    params = dict(raw.query)
-    parsed = parse_path(raw.path)
-    resource, namespace, name, subresource = parsed if parsed else (None, None, None, None)
-    return kmock.Request(
-        id=request_id,
-        raw_request=raw,
-        url=raw.url,
-        method=raw.method,
-        params=params,
-        headers=dict(raw.headers),
-        cookies=dict(raw.cookies),
-        body=body,
-        text=body.decode("utf-8", "replace"),
-        data=data,
-        action=guess_action(name, raw.method, params) if parsed else None,
-        resource=resource,
-        namespace=namespace,
-        name=name,
-        subresource=subresource,
-    )
-
-
-def _with_status(obj: Body, status: Any) -> Body:
-    """A copy of `obj` whose status is `status` (none when it is None)."""
-    result = {key: copy.deepcopy(value) for key, value in obj.items() if key != "status"}
-    return result if status is None else result | {"status": copy.deepcopy(status)}
-
-
-def _manager(request: kmock.Request) -> str:
-    """The field manager of a write: `fieldManager`, else the user-agent's product name."""
-    explicit = request.params.get("fieldManager")
-    if explicit:
-        return explicit
-    agent = {k.lower(): v for k, v in request.headers.items()}.get("user-agent", "unknown")
-    return agent.split("/", 1)[0].split(" ", 1)[0] or "unknown"
-
-
-def _named(request: kmock.Request) -> tuple[kmock.resource, str]:
-    if request.resource is None or request.name is None:
-        raise kmock.KubernetesEndpointNotFoundError()
-    return request.resource, request.name
-
-
-@attrs.define(eq=False)
-class _Watcher:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[WatchChange | None]
-
-    def push(self, change: WatchChange | None) -> None:
-        with contextlib.suppress(RuntimeError):  # the watcher's loop is already closed
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, change)
+def _accept(request: kmock.Request) -> str:
+    return {key.lower(): value for key, value in request.headers.items()}.get("accept", "")
 
 
 @attrs.define(kw_only=True)
@@ -139,11 +85,13 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
     _state_lock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     _rv: int = attrs.field(default=0, init=False)
     _changes: list[WatchChange] = attrs.field(factory=list, init=False)
-    _watchers: set[_Watcher] = attrs.field(factory=set, init=False)
+    _watchers: set[Watcher] = attrs.field(factory=set, init=False)
     _scale_paths: dict[kmock.resource, tuple[str, str, str | None]] = attrs.field(
         factory=dict, init=False
     )
     _fields: dict[Key, FieldOwnership] = attrs.field(factory=dict, init=False)
+    _columns: dict[kmock.resource, list[Body]] = attrs.field(factory=dict, init=False)
+    _schemas: dict[kmock.resource, Body] = attrs.field(factory=dict, init=False)
     _loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -165,7 +113,7 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         try:
-            request = await _parse_request(raw_request, len(self._requests))
+            request = await parse_request(raw_request, len(self._requests))
             self._requests.append(request)
             response = await self._handle(request)
         except kmock.KubernetesError as exc:
@@ -264,6 +212,9 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             obj.update({"apiVersion": group_version, "kind": info.kind})
             if "status" in info.subresources:
                 obj.pop("status", None)
+            if resource in self._schemas:
+                obj = apply_defaults(self._schemas[resource], obj)
+                meta = obj["metadata"]
             for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(field, None)
             if namespace is not None:
@@ -310,7 +261,7 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                 spec_path = self._scale_paths[resource][0]
                 replicas = get_path(changed, ".spec.replicas")
                 changed = set_path(copy.deepcopy(old), spec_path, replicas)
-            new = self._merge_update(info, old, changed, subresource)
+            new = self._merge_update(info, old, changed, subresource, resource)
             if subresource != "status":
                 self._own(key, manager, old, new)
             if new != old:
@@ -337,7 +288,7 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             applied = self._fields[key].apply(old, config, manager, force=force)
         except ApplyConflict as exc:
             raise api_error(409, "Conflict", f"Apply failed with conflicts: {exc}") from None
-        new = self._merge_update(self.info(resource), old, applied, None)
+        new = self._merge_update(self.info(resource), old, applied, None, resource)
         new["metadata"]["managedFields"] = self._fields[key].managed_fields(old["apiVersion"])
         if new != old:
             self._store(key, "MODIFIED", new, old)
@@ -435,12 +386,17 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         raise api_error(415, "UnsupportedMediaType", f"unsupported patch: {content_type}")
 
     def _merge_update(
-        self, info: kmock.ResourceInfo, old: Body, new: Body, subresource: str | None
+        self,
+        info: kmock.ResourceInfo,
+        old: Body,
+        new: Body,
+        subresource: str | None,
+        resource: kmock.resource,
     ) -> Body:
         if subresource == "status":
-            new = _with_status(old, new.get("status"))
+            new = with_status(old, new.get("status"))
         elif "status" in info.subresources:
-            new = _with_status(new, old.get("status"))
+            new = with_status(new, old.get("status"))
         given_rv = new.get("metadata", {}).get("resourceVersion")
         if given_rv is not None and given_rv != old["metadata"]["resourceVersion"]:
             raise api_error(409, "Conflict", "the object has been modified; reload and retry")
@@ -463,6 +419,9 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         added = set(meta.get("finalizers", [])) - set(old["metadata"].get("finalizers", []))
         if meta.get("deletionTimestamp") and added:
             raise api_error(422, "Invalid", "no new finalizers while being deleted")
+        if subresource != "status" and resource in self._schemas:
+            new = apply_defaults(self._schemas[resource], new)
+            meta = new["metadata"]
         if spec_part(new) != spec_part(old):
             meta["generation"] = old["metadata"].get("generation", 1) + 1
         return new
@@ -492,13 +451,19 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         old = self._objects[key].raw
         status = deployment_status(old, ready_now or self.deployment_ready_delay <= 0)
         if status != old.get("status"):
-            self._store(key, "MODIFIED", _with_status(old, status), old)
+            self._store(key, "MODIFIED", with_status(old, status), old)
 
     def _register_crd(self, crd: Body) -> None:
+        versions = {v["name"]: v for v in crd.get("spec", {}).get("versions", [])}
         for resource, info, scale in crd_resources(crd):
             self._resources[resource] = info
             if scale is not None:
                 self._scale_paths[resource] = scale
+            version = versions.get(resource.version or "", {})
+            self._columns[resource] = list(version.get("additionalPrinterColumns") or [])
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if schema:
+                self._schemas[resource] = schema
 
     def _unregister_crd(self, crd: Body) -> None:
         for resource, _, _ in crd_resources(crd):
@@ -522,6 +487,8 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                 request.params.get("fieldSelector", ""),
             )
             version = str(self._rv)
+        if tables.wants_table(_accept(request)):
+            return tables.table(items, self._columns.get(resource), version)
         return {
             "apiVersion": f"{resource.group}/{resource.version}".lstrip("/"),
             "kind": f"{info.kind}List",
@@ -538,61 +505,18 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         timeout = request.params.get("timeoutSeconds", "")
         if not (since.isdigit() or since == "") or not (timeout.isdigit() or timeout == ""):
             raise api_error(400, "BadRequest", "resourceVersion and timeoutSeconds are numbers")
-        return self._stream_watch(request, request.resource, since, float(timeout or "inf"))
-
-    async def _stream_watch(
-        self, request: kmock.Request, resource: kmock.resource, since: str, lifetime: float
-    ) -> AsyncIterator[kmock.Payload]:
-        params = request.params
-        label, field = params.get("labelSelector", ""), params.get("fieldSelector", "")
-        if request.name is not None:
-            field = ",".join(filter(None, [field, f"metadata.name={request.name}"]))
-        deadline = asyncio.get_running_loop().time() + lifetime
-        watcher = _Watcher(asyncio.get_running_loop(), asyncio.Queue())
-        backlog: list[Body] = []
-        with self._state_lock:
-            self._watchers.add(watcher)
-            if since in {"", "0"}:
-                for obj in self.list_objects(resource, request.namespace, label, field):
-                    backlog.append({"type": "ADDED", "object": obj})
-                if params.get("sendInitialEvents") == "true":
-                    marker = {
-                        "resourceVersion": str(self._rv),
-                        "annotations": {INITIAL_EVENTS_END: "true"},
-                    }
-                    info = self.info(resource)
-                    version = f"{resource.group}/{resource.version}".lstrip("/")
-                    bookmark = {"apiVersion": version, "kind": info.kind, "metadata": marker}
-                    backlog.append({"type": "BOOKMARK", "object": bookmark})
-            else:
-                later = [c for c in self._changes if c.version > int(since)]
-                events = (c.event_for(resource, request.namespace, label, field) for c in later)
-                backlog.extend(event for event in events if event is not None)
-        try:
-            yield b""  # send the headers now, even if nothing happens for a while
-            for event in backlog:
-                yield event
-            while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
-                try:
-                    change = await asyncio.wait_for(watcher.queue.get(), min(remaining, 3600))
-                except TimeoutError:
-                    continue
-                if change is None:
-                    return
-                live = change.event_for(resource, request.namespace, label, field)
-                if live is not None:
-                    yield live
-        finally:
-            with self._state_lock:
-                self._watchers.discard(watcher)
+        return stream_watch(self, request, request.resource, since, float(timeout or "inf"))
 
     async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         if request.subresource not in {None, *self.info(resource).subresources}:
             raise api_error(404, "NotFound", f"{resource.plural} has no {request.subresource}")
         if request.subresource == "scale":
             return self.get_scale(self._key(resource, request.namespace, name))
-        return self.get_object(resource, request.namespace, name)
+        found = self.get_object(resource, request.namespace, name)
+        if tables.wants_table(_accept(request)):
+            return tables.table([found], self._columns.get(resource), str(self._rv))
+        return found
 
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
         if request.resource is None:
@@ -600,11 +524,11 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         if not isinstance(request.data, dict):
             raise api_error(400, "BadRequest", "the request body must be a JSON object")
         return self.create_object(
-            request.resource, request.namespace, request.data, manager=_manager(request)
+            request.resource, request.namespace, request.data, manager=manager_of(request)
         )
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         headers = {key.lower(): value for key, value in request.headers.items()}
         content_type = headers.get("content-type", "").split(";")[0].strip()
         change = request.data
@@ -618,12 +542,12 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             change,
             content_type,
             request.subresource,
-            manager=_manager(request),
+            manager=manager_of(request),
             force=force,
         )
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         change = request.data
         return self.update_object(
             resource,
@@ -632,11 +556,11 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             change,
             "replace",
             request.subresource,
-            manager=_manager(request),
+            manager=manager_of(request),
         )
 
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         options = request.data if isinstance(request.data, dict) else {}
         policy = request.params.get("propagationPolicy") or options.get("propagationPolicy")
         return self.delete_object(resource, request.namespace, name, orphan=policy == "Orphan")
