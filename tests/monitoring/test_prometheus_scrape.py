@@ -144,7 +144,7 @@ def test_every_alert_and_dashboard_query_answers_from_real_scrapes(
                 "database": {"secretRef": {"name": "leasebox-database"}},
                 "provider": {"secretRef": {"name": "leasebox-provider"}},
                 "sla": {"oldestPendingAgeSeconds": 60},
-                "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 0.5},
+                "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1},
             },
         }, namespace=NAMESPACE)  # fmt: skip
         prometheus = Prometheus(tmp_path, {

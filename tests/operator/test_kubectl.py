@@ -114,8 +114,8 @@ def test_kubectl_scale_sizes_a_pool_in_mode_external(cluster: Cluster, kubectl: 
     )
     wait_for(lambda: cluster.replicas() == 4, what="the workers to follow spec.replicas")
     wait_for(lambda: cluster.status().get("replicas") == 4, what="status.replicas")
-    scale = json.loads(kubectl("get", "--raw", f"/apis/leasebox.dev/v1alpha1/namespaces/"
-                                               f"default/outboxworkerpools/{NAME}/scale"))  # fmt: skip
+    path = f"/apis/leasebox.dev/v1alpha1/namespaces/default/outboxworkerpools/{NAME}/scale"
+    scale = json.loads(kubectl("get", "--raw", path))
     assert scale["spec"]["replicas"] == 4
     assert scale["status"]["replicas"] == 4
     assert scale["status"]["selector"] == (
