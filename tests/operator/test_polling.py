@@ -335,3 +335,14 @@ async def test_in_mode_external_the_replicas_follow_spec_replicas_within_bounds(
     assert harness.status.fields["desiredReplicas"] == 5
     await harness.poll(_spec(scaling=external))  # no spec.replicas: keep what runs
     assert harness.kube.scaled == [3, 5]
+
+
+def test_the_operator_registry_has_its_build_info_and_the_process_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from leasebox.version import __version__
+
+    metrics = OperatorMetrics()
+    labels = {"version": __version__, "component": "operator"}
+    assert metrics.registry.get_sample_value("leasebox_build_info", labels) == 1
+    assert "process_resident_memory_bytes" in generate_latest(metrics.registry).decode()
