@@ -39,7 +39,7 @@ def deployment(image: str = "img:1", env: list[dict[str, str]] | None = None) ->
 async def apps(kube_emulator: KubeEmulator, tmp_path: Path) -> AsyncIterator[client.AppsV1Api]:
     configuration = client.Configuration()
     kubeconfig = kube_emulator.write_kubeconfig(tmp_path / "kubeconfig")
-    await config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+    await config.load_kube_config(str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
     async with client.ApiClient(configuration) as api_client:
         yield client.AppsV1Api(api_client)
 
@@ -123,13 +123,16 @@ async def test_an_unchanged_apply_writes_nothing(
 async def test_replicas_change_through_the_scale_subresource(
     apps: client.AppsV1Api, kube_emulator: KubeEmulator
 ) -> None:
-    await apps.create_namespaced_deployment("default", {**deployment(), "spec": {
-        **deployment()["spec"], "replicas": 2}}, field_manager=MANAGER)  # fmt: skip
+    body: Any = {**deployment(), "spec": {**deployment()["spec"], "replicas": 2}}
+    await apps.create_namespaced_deployment("default", body, field_manager=MANAGER)
 
     scale = await apps.patch_namespaced_deployment_scale(
         "w", "default", {"spec": {"replicas": 6}}, field_manager=MANAGER
     )
     read = await apps.read_namespaced_deployment_scale("w", "default")
 
+    assert scale.spec is not None
+    assert read.spec is not None
+    assert read.status is not None
     assert scale.spec.replicas == read.spec.replicas == 6
     assert read.status.selector == "app=w"

@@ -80,3 +80,17 @@ def test_bad_environment_settings_are_one_clear_error() -> None:
         OperatorSettings(namespaces=("a",), clusterwide=True)
     settings = OperatorSettings.from_environ({"LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5"})
     assert settings.api_backoffs == (0.2, 0.5)
+
+
+def test_a_bad_operator_setting_exits_2_with_one_json_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    monkeypatch.setenv("LEASEBOX_OPERATOR_METRICS_PORT", "lots")
+    assert main(["operator", "--log-format", "json"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    entry = json.loads(line)
+    assert (entry["level"], entry["command"], entry["exit_code"]) == ("critical", "operator", 2)
+    assert entry["error"] == "ConfigurationError"
+    assert "LEASEBOX_OPERATOR_METRICS_PORT='lots'" in entry["message"]

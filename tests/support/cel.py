@@ -13,6 +13,8 @@ from functools import cache
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 from support.kube.semantics import apply_defaults
 
@@ -39,11 +41,11 @@ def rules(schema: Schema, path: str = "") -> list[tuple[str, str]]:
 def _evaluate(schema: Schema, value: Any, path: str, failures: list[str]) -> None:
     for validation in schema.get("x-kubernetes-validations", []):
         try:
-            result = _program(validation["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+            result = _program(validation["rule"]).evaluate({"self": json_to_cel(value)})
         except Exception as exc:  # an evaluation error rejects the object too
             failures.append(f"{path or '<root>'}: {validation['message']} ({exc})")
             continue
-        if not bool(result) or isinstance(result, celpy.CELEvalError):
+        if not bool(result) or isinstance(result, CELEvalError):
             failures.append(f"{path or '<root>'}: {validation['message']}")
     if isinstance(value, dict):
         for name, sub in (schema.get("properties") or {}).items():

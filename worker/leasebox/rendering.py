@@ -34,6 +34,8 @@ class TemplateError(LeaseboxError):
     For the worker this is permanent: the same row would fail the same way on every retry.
     """
 
+    exit_code = 2  # when it ends a command, it is a templates setting to fix
+
 
 @dataclass(frozen=True)
 class RenderedEmail:
