@@ -31,8 +31,8 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 EXIT_STATUS = (
     "exit status: 0 done, 1 runtime failure (database unreachable, schema not migrated, "
-    "provider down or refusing; retrying may help), 2 usage or configuration error (fix the flags or "
-    "variables)"
+    "provider down or refusing; retrying may help), 2 usage or configuration error (fix "
+    "the flags or variables)"
 )
 
 
