@@ -47,7 +47,7 @@ class Runtime:
     connection: KubeConnection
 
     def kube(self) -> Kube:
-        return Kube(self.connection.api(), instance=self.settings.identity)
+        return Kube(self.connection.api, instance=self.settings.identity)
 
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
@@ -81,7 +81,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if not ours.standalone:
         # Peers meet in kopf's peering object; it must exist before kopf's first keep-alive.
         await connection.login(trust_env=settings.networking.trust_env)
-        kube = Kube(connection.api())
+        kube = Kube(connection.api, instance=ours.identity)
         literal = [ns for ns in ours.namespaces if not any(c in ns for c in "*?[")]
         for namespace in [None] if ours.clusterwide else literal:
             if await kube.ensure_peering(ours.peering_name, namespace):
@@ -203,6 +203,16 @@ async def poll_pool(
         await stopped.wait(delay)
 
 
+async def _resync(runtime: Runtime, body: kopf.Body, pool: Pool, writer: StatusWriter) -> None:
+    """Apply the children again; a problem is reported as the reconcile handler would."""
+    try:
+        await _reconcile(runtime, body, pool, writer)
+    except PoolProblem as exc:
+        await _report(runtime, writer, body, exc)
+    else:
+        await _report(runtime, writer, body, None)
+
+
 async def _poll(
     poller: PoolPoller, body: kopf.Body, runtime: Runtime, writer: StatusWriter, *, resync: bool
 ) -> float:
@@ -212,11 +222,11 @@ async def _poll(
     except PoolProblem:
         return INVALID_SPEC_RECHECK_SECONDS  # the reconcile handler reports it
     try:
-        if resync and writer.problems.get("spec") is None:
-            await _reconcile(runtime, body, pool, writer)  # puts back drift made by hand
+        if resync:
+            await _resync(runtime, body, pool, writer)  # puts back drift made by hand
         delay = await poller.poll_once(pool.spec, body.metadata.get("generation"))
         if poller.deployment_missing:
-            await _reconcile(runtime, body, pool, writer)
+            await _resync(runtime, body, pool, writer)
     except asyncio.CancelledError:
         raise
     except Exception:

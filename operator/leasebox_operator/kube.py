@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -42,14 +42,31 @@ class Kube:
 
     _discovery: dict[str, tuple[float, frozenset[str]]] = {}
 
-    def __init__(self, api: client.ApiClient, *, instance: str = "") -> None:
-        self.api = api
+    def __init__(self, api: Callable[[], client.ApiClient], *, instance: str = "") -> None:
+        """`api` returns the current client: a login after a 401 replaces it."""
+        self._api = api
         self.component = FIELD_MANAGER
-        self.instance = instance or str(api.user_agent)
-        self.core = client.CoreV1Api(api)
-        self.apps = client.AppsV1Api(api)
-        self.policy = client.PolicyV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.instance = instance or FIELD_MANAGER
+
+    @property
+    def api(self) -> client.ApiClient:
+        return self._api()
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    @property
+    def policy(self) -> client.PolicyV1Api:
+        return client.PolicyV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
 
     def _plain(self, obj: Any) -> dict[str, Any]:
         plain: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
