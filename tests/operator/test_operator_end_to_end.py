@@ -22,7 +22,7 @@ import yaml
 from psycopg import conninfo, sql
 
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, Cluster, running_operator
+from support.kube.harness import POOLS, Cluster, running_operator, secret
 from support.waiting import wait_for
 
 NAME = "e2e"
@@ -209,3 +209,23 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
     wait_for(lambda: cluster.deployment() is None, what="the Deployment to be collected")
     assert cluster.kube.get("policy/v1", "poddisruptionbudgets", DEPLOYMENT,
                             namespace="default") is None  # fmt: skip
+
+
+def test_a_pool_whose_secret_is_missing_says_so_and_recovers_when_it_appears(
+    operator_process: tuple[Cluster, int], database: Database
+) -> None:
+    cluster = Cluster(operator_process[0].kube, "late")
+    pool = json.loads(json.dumps(POOL))
+    pool["metadata"]["name"] = "late"
+    pool["spec"]["database"] = {"secretRef": {"name": "late-database"}}
+    cluster.kube.create(*POOLS, pool, namespace="default")
+
+    wait_for(lambda: cluster.condition_is("Ready", "False", "SecretNotFound"),
+             what="Ready=False SecretNotFound")  # fmt: skip
+    assert "Secret default/late-database does not exist" in cluster.condition("Ready")["message"]
+    assert cluster.event_reasons().count("SecretNotFound") == 1
+    assert cluster.deployment() is None  # nothing half-made
+
+    cluster.kube.create("v1", "secrets", secret("late-database", "dsn", database.dsn))
+    wait_for(cluster.deployment, what="the Deployment once the Secret exists")
+    wait_for(lambda: cluster.condition_is("Ready", "True", "Available"), what="Ready=True")
