@@ -190,3 +190,19 @@ def test_bad_example_is_rejected_by_the_crd_and_by_the_operator(path: Path) -> N
     uses_cel = "CEL rule" in path.read_text(encoding="utf-8")
     # Field-level problems are the schema's to catch; cross-field ones are CEL's.
     assert bool(cel_failures) == uses_cel, schema_errors or cel_failures
+
+
+def test_the_keda_example_targets_an_external_pool_through_its_scale_subresource() -> None:
+    documents = list(
+        yaml.safe_load_all((ROOT / "examples" / "keda" / "scaledobject.yaml").read_text())
+    )
+    scaled = next(d for d in documents if d["kind"] == "ScaledObject")
+    pool = _load(ROOT / "examples" / "pool-external.yaml")
+    target = scaled["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == (
+        pool["apiVersion"], pool["kind"], pool["metadata"]["name"])  # fmt: skip
+    assert pool["spec"]["scaling"]["mode"] == "External"
+    (version,) = custom_resource_definition()["spec"]["versions"]
+    assert "scale" in version["subresources"]
+    query = next(t for t in scaled["spec"]["triggers"] if t["type"] == "prometheus")
+    assert 'state="ready"' in query["metadata"]["query"]
