@@ -16,7 +16,10 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("aiohttp", "aiosmtplib", "jinja2", "prometheus_client", "psycopg_pool", "kopf", "yaml")
+HEAVY = (
+    *("aiohttp", "aiosmtplib", "jinja2", "prometheus_client", "psycopg_pool", "kopf", "yaml"),
+    *("sqlalchemy", "asyncpg", "django", "botocore", "aiobotocore"),
+)
 
 pytestmark = pytest.mark.slow
 

@@ -124,15 +124,25 @@ class ProviderError(DeliveryError):
     `code` is short and low-cardinality (`smtp_550`, `timeout`); the message is one short
     line that never contains a body, a secret or a password. `retry_after` is how long the
     provider asked to be left alone (HTTP 429 `Retry-After`), in seconds: the next attempt
-    waits at least that long.
+    waits at least that long. `outcome` is what the request amounted to for the provider's
+    health metrics (`throttled`, `account`, ...; see `delivery.providers.base.Outcome`), when
+    the provider knows better than its status code says.
     """
 
     error_class: str = TRANSIENT
 
-    def __init__(self, code: str, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        outcome: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.retry_after = retry_after
+        self.outcome = outcome
 
     @property
     def transient(self) -> bool:

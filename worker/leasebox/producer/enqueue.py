@@ -101,6 +101,32 @@ def _reused(
     )
 
 
+def plan_enqueue(
+    message: OutboxMessage,
+    *,
+    idempotency_key: str | None = None,
+    scope: str | None = None,
+    request_hash: str | None = None,
+    guard: AbuseGuard | None = None,
+    receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
+    cipher: PayloadCipher | None = None,
+) -> Plan[Receipt]:
+    """The statements of one `enqueue`, for a runner over another driver (the ORM adapters).
+
+    The plan is the whole of the producer's logic; a runner only executes its named
+    statements in the caller's transaction (`leasebox.producer.portable`).
+    """
+    return _plan(
+        message,
+        idempotency_key,
+        scope,
+        request_hash,
+        guard,
+        receipt_ttl_seconds,
+        cipher or default_cipher(),
+    )
+
+
 def enqueue(
     conn: psycopg.Connection[Any],
     message: OutboxMessage,

@@ -45,6 +45,21 @@ METRIC_NAMES = (
     "leasebox_delivery_latency_seconds",
     "leasebox_inflight_sends",
     "leasebox_build_info",
+    "leasebox_provider_requests_total",
+    "leasebox_provider_request_duration_seconds",
+    "leasebox_provider_info",
+)
+# The `outcome` label of the provider metrics (`delivery.providers.base.Outcome`), listed here
+# so that this module needs nothing from delivery.
+PROVIDER_OUTCOMES = (
+    "accepted",
+    "rejected",
+    "throttled",
+    "unavailable",
+    "timeout",
+    "connection",
+    "account",
+    "error",
 )
 
 
@@ -116,6 +131,27 @@ class WorkerMetrics:
         self.inflight = Gauge(
             "leasebox_inflight_sends", "Sends currently waiting on the provider.", registry=r
         )
+        self.provider_requests = Counter(
+            "leasebox_provider_requests_total",
+            "Requests to the mail provider, by what they amounted to (accepted, rejected, "
+            "throttled, unavailable, timeout, connection, account, error).",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.provider_duration = Histogram(
+            "leasebox_provider_request_duration_seconds",
+            "Time one provider request took, by provider and outcome.",
+            ["provider", "outcome"],
+            buckets=SEND_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.provider_info = Gauge(
+            "leasebox_provider_info",
+            "The provider this worker sends through (1), and whether its service drops a "
+            "repeated send with the same delivery key (true, false or unknown).",
+            ["provider", "idempotent"],
+            registry=r,
+        )
         # The version and the process metrics, in this registry as in the operator's.
         build = Gauge(
             "leasebox_build_info",
@@ -149,6 +185,18 @@ class WorkerMetrics:
             self.kind(kind)
             for reason in DeadReason:
                 self.dead_letters.labels(kind, reason)
+
+    def start_provider(self, provider: str, idempotent: str) -> None:
+        """Describe the provider and create its outcome series at zero."""
+        self.provider_info.labels(provider, idempotent).set(1)
+        for outcome in PROVIDER_OUTCOMES:
+            self.provider_requests.labels(provider, outcome)
+            self.provider_duration.labels(provider, outcome)
+
+    def provider_request(self, provider: str, outcome: str, seconds: float) -> None:
+        """Count one provider request and its duration."""
+        self.provider_requests.labels(provider, outcome).inc()
+        self.provider_duration.labels(provider, outcome).observe(seconds)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""

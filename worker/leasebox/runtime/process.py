@@ -37,7 +37,6 @@ from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.errors import (
     ConfigurationError,
     DatabaseUnavailable,
-    LeaseboxError,
     NotMigrated,
     ProviderError,
     ProviderUnavailable,
@@ -176,8 +175,12 @@ async def _open_pool(pool: AsyncConnectionPool[Any], dsn: str) -> None:
 
 
 def secret_values(config: ProcessConfig, environ: Mapping[str, str]) -> list[str]:
-    """Values no log line may show: passwords, API tokens, payload keys (masked if seen)."""
-    from leasebox.delivery.providers.urls import parse_provider_url
+    """Values no log line may show: passwords, API keys, payload keys (masked if seen).
+
+    The provider's keys include those it reads from the environment or a file by default
+    (`SENDGRID_API_KEY`, `AWS_SECRET_ACCESS_KEY`, ...), not only those in its URL.
+    """
+    from leasebox.delivery.providers.registry import credential_values
     from leasebox.producer.payload_crypto import keys_from_environment
 
     values: list[str] = []
@@ -185,12 +188,6 @@ def secret_values(config: ProcessConfig, environ: Mapping[str, str]) -> list[str
         password = conninfo.conninfo_to_dict(config.dsn).get("password")
         if password:
             values.append(str(password))
-    with contextlib.suppress(LeaseboxError):
-        url = parse_provider_url(config.provider_url)
-        if url.password:
-            values.append(url.password)
-        token_env = url.options.get("token_env")
-        if token_env and environ.get(token_env):
-            values.append(environ[token_env])
+    values.extend(credential_values(config.provider_url, environ))
     values.extend(keys_from_environment(environ))
     return values

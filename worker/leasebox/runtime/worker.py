@@ -30,7 +30,13 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.connections import DATABASE_ERRORS, STATEMENT_TIMEOUT
-from leasebox.delivery.providers.base import Email, Provider, reads_content
+from leasebox.delivery.providers.base import (
+    Email,
+    Provider,
+    idempotency,
+    reads_content,
+    request_outcome,
+)
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
     Failure,
@@ -88,6 +94,7 @@ class Worker:
         self.settings = settings
         self.metrics = metrics or WorkerMetrics()
         self.metrics.start_series(settings.kinds)
+        self.metrics.start_provider(provider.name, idempotency(provider))
         self._pool = pool
         self._provider = provider
         self._renderer = renderer
@@ -352,12 +359,19 @@ class Worker:
             self._completions.put(Outcome(message, Release(held.lease)))
             raise
         except Exception as exc:
+            self._sent_or_failed(started, exc)
             self._failed(held, classify(exc))
             return
         finally:
             self.metrics.inflight.dec()
             self.metrics.kind(message.kind).send_duration.observe(time.monotonic() - started)
+        self._sent_or_failed(started, None)
         self._finish(held, Sent(held.lease, result.provider_message_id))
+
+    def _sent_or_failed(self, started: float, exc: Exception | None) -> None:
+        """The provider-health metrics of one request: its outcome and how long it took."""
+        outcome = request_outcome(exc).value
+        self.metrics.provider_request(self._provider.name, outcome, time.monotonic() - started)
 
     def _prepare(self, message: ClaimedMessage) -> Email:
         if self._reads_content:

@@ -15,7 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
+
+from leasebox.errors import PERMANENT, ProviderError
 
 MAX_ERROR_LENGTH = 240
 MESSAGE_ID_DOMAIN = "leasebox"
@@ -127,3 +130,79 @@ def one_line(text: str, *, hide: Iterable[str] = (), limit: int = MAX_ERROR_LENG
     if len(flat) > limit:
         flat = flat[: limit - 3].rstrip() + "..."
     return flat
+
+
+class Outcome(StrEnum):
+    """What one provider request amounted to: the `outcome` label of the provider metrics.
+
+    Few on purpose, so that a dashboard can tell an outage (`unavailable`, `timeout`,
+    `connection`) from a bad batch of addresses (`rejected`) and from a problem with the
+    account (`account`: credentials, a sender not verified, sending paused).
+    """
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    THROTTLED = "throttled"
+    UNAVAILABLE = "unavailable"
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    ACCOUNT = "account"
+    ERROR = "error"
+
+
+_STATUS_SUFFIX = re.compile(r"_(\d{3})$")
+
+
+def request_outcome(exc: BaseException | None) -> Outcome:
+    """The outcome of a send that returned (None) or raised `exc`.
+
+    A `ProviderError` that names its outcome is taken at its word; otherwise the outcome is
+    read from its class and code (`timeout`, `connection`, `*_auth`, a status suffix such as
+    `http_429` or `smtp_421`), so that SMTP, the generic HTTP provider and plugins are
+    counted too.
+    """
+    if exc is None:
+        return Outcome.ACCEPTED
+    if isinstance(exc, ProviderError):
+        if exc.outcome is not None and exc.outcome in Outcome._value2member_map_:
+            return Outcome(exc.outcome)
+        return _outcome_from_code(exc)
+    if isinstance(exc, TimeoutError):
+        return Outcome.TIMEOUT
+    if isinstance(exc, OSError):
+        return Outcome.CONNECTION
+    return Outcome.ERROR
+
+
+def _outcome_from_code(exc: ProviderError) -> Outcome:
+    code = exc.code
+    if code == "timeout":
+        return Outcome.TIMEOUT
+    if code in ("connection", "tls"):
+        return Outcome.CONNECTION
+    if code.endswith("_auth"):
+        return Outcome.ACCOUNT
+    status = _STATUS_SUFFIX.search(code)
+    number = int(status.group(1)) if status else 0
+    if number == 429:
+        return Outcome.THROTTLED
+    if code.startswith("http_") and number in (401, 403):
+        return Outcome.ACCOUNT
+    if number == 421 or (code.startswith("http_") and number >= 500):
+        return Outcome.UNAVAILABLE
+    if exc.error_class == PERMANENT:
+        return Outcome.REJECTED
+    return Outcome.ERROR
+
+
+def idempotency(provider: Provider) -> str:
+    """Whether the provider's service drops a repeated send with the same delivery key.
+
+    `"true"` or `"false"` when the provider says (`idempotent = True`), `"unknown"` when it
+    does not: the generic HTTP provider sends an `Idempotency-Key` that the API behind it may
+    or may not honour.
+    """
+    declared = getattr(provider, "idempotent", None)
+    if declared is None:
+        return "unknown"
+    return "true" if declared else "false"

@@ -10,15 +10,28 @@ entry-point group (entry point name = scheme, value = a callable `(url, timeout)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from leasebox.delivery.providers.base import Provider
 from leasebox.delivery.providers.urls import url_scheme
 from leasebox.errors import ConfigurationError
 
 ENTRY_POINT_GROUP = "leasebox.providers"
-BUILTIN_SCHEMES = ("smtp", "smtps", "http", "https", "log", "null")
+BUILTIN_SCHEMES = (
+    *("smtp", "smtps", "http", "https", "log", "null"),
+    *("ses", "sendgrid", "postmark", "mailgun", "resend"),
+)
+# The environment variables a service reads its API key from when the URL names none.
+CREDENTIAL_VARIABLES: dict[str, tuple[str, ...]] = {
+    "sendgrid": ("SENDGRID_API_KEY",),
+    "postmark": ("POSTMARK_SERVER_TOKEN", "POSTMARK_API_TOKEN"),
+    "mailgun": ("MAILGUN_API_KEY",),
+    "resend": ("RESEND_API_KEY",),
+    "ses": ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+}
 
 ProviderFactory = Callable[[str, float], Provider]
 
@@ -37,9 +50,33 @@ def _load_builtin(scheme: str) -> ProviderFactory:
         from leasebox.delivery.providers.http import http_provider_from_url
 
         return http_provider_from_url
-    from leasebox.delivery.providers.development import development_provider_from_url
+    if scheme in ("log", "null"):
+        from leasebox.delivery.providers.development import development_provider_from_url
 
-    return development_provider_from_url
+        return development_provider_from_url
+    return _load_service(scheme)
+
+
+def _load_service(scheme: str) -> ProviderFactory:
+    if scheme == "ses":
+        from leasebox.delivery.providers.ses import ses_provider_from_url
+
+        return ses_provider_from_url
+    if scheme == "sendgrid":
+        from leasebox.delivery.providers.sendgrid import sendgrid_provider_from_url
+
+        return sendgrid_provider_from_url
+    if scheme == "postmark":
+        from leasebox.delivery.providers.postmark import postmark_provider_from_url
+
+        return postmark_provider_from_url
+    if scheme == "mailgun":
+        from leasebox.delivery.providers.mailgun import mailgun_provider_from_url
+
+        return mailgun_provider_from_url
+    from leasebox.delivery.providers.resend import resend_provider_from_url
+
+    return resend_provider_from_url
 
 
 def _load_plugin(scheme: str) -> ProviderFactory:
@@ -87,3 +124,28 @@ def provider_from_url(url: str, *, timeout: float = 10.0) -> Provider:
             "which lacks start/send/check/close"
         )
     return provider
+
+
+def credential_values(url: str, environ: Mapping[str, str]) -> list[str]:
+    """Every secret the provider of `url` may authenticate with, for the log masker.
+
+    The URL's password, the variable named by `token_env`, the file named by `token_file`,
+    and the service's usual variables (`SENDGRID_API_KEY`, `AWS_SECRET_ACCESS_KEY`, ...).
+    Best effort: a URL that cannot be read yields what could be read, never an error.
+    """
+    from leasebox.delivery.providers.urls import parse_provider_url
+
+    try:
+        parsed = parse_provider_url(url)
+    except ConfigurationError:
+        return []
+    found = [parsed.password or ""]
+    name = parsed.options.get("token_env")
+    if name:
+        found.append(environ.get(name, ""))
+    path = parsed.options.get("token_file")
+    if path:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            found.append(Path(path).read_text("utf-8"))
+    found.extend(environ.get(v, "") for v in CREDENTIAL_VARIABLES.get(parsed.scheme, ()))
+    return [value.strip() for value in found if value.strip()]

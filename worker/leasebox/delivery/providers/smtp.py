@@ -88,6 +88,8 @@ class SmtpProvider:
     """A pooled SMTP client; one instance serves every concurrent send of a worker."""
 
     name = "smtp"
+    # Message-ID is derived from the delivery key, but relays do not drop repeats by it.
+    idempotent = False
 
     def __init__(self, settings: SmtpSettings) -> None:
         self.settings = settings

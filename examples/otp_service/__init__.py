@@ -1,0 +1,1 @@
+"""A runnable OTP service: FastAPI and SQLAlchemy (asyncpg), enqueueing with leasebox."""

@@ -1,0 +1,1 @@
+"""Django migrations of the leasebox app: each applies leasebox's own SQL migrations."""

@@ -1,0 +1,85 @@
+"""Running a producer plan through a driver other than psycopg: the statements as text.
+
+`leasebox.producer.plan` runs a plan on psycopg connections, whose queries are
+`psycopg.sql.Composed` objects with `%(name)s` parameters. An ORM's connection may sit on
+another DBAPI (SQLAlchemy over asyncpg) or on psycopg behind a cursor wrapper (Django), so
+the adapters need the same statements as plain SQL text: `statement_text` renders a named
+query with its schema quoted (the quoting needs no connection), and `named_binds` rewrites
+its parameters into SQLAlchemy's `:name` form, which SQLAlchemy then compiles into whatever
+paramstyle the engine's driver speaks. `drive` and `drive_async` feed each statement's
+first row back into the plan, so every decision stays in the plan itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from functools import cache
+from typing import Any, TypeVar
+
+from leasebox.db.queries import query
+from leasebox.producer.plan import Plan, Row
+
+T = TypeVar("T")
+# Executes one named statement with its parameters; returns its first row by column name.
+Execute = Callable[[str, dict[str, Any]], Row]
+ExecuteAsync = Callable[[str, dict[str, Any]], Awaitable[Row]]
+
+_PYFORMAT = re.compile(r"%\((\w+)\)s")
+_CAST_AFTER = re.compile(r"%\((\w+)\)s(?=::)")
+# A `:word` that SQLAlchemy's text() would take for a bind but is not one of ours (a cast
+# such as `::text` is safe: text() skips double colons).
+_STRAY_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+
+
+@cache
+def statement_text(name: str, schema: str) -> str:
+    """The named statement as SQL text with `%(name)s` parameters and the schema quoted."""
+    return query(name, schema).as_string(None)
+
+
+@cache
+def named_binds(name: str, schema: str) -> tuple[str, frozenset[str]]:
+    """The named statement with `:name` binds, and the names it binds.
+
+    Raises `ValueError` when the text holds something text() would misread as a bind or a
+    literal percent sign, so that a statement that cannot be translated faithfully fails
+    loudly (a test runs every producer statement through this).
+    """
+    text = statement_text(name, schema)
+    if _STRAY_BIND.search(text):
+        raise ValueError(f"query {name!r} has a ':word' that would be read as a bind")
+    names = frozenset(_PYFORMAT.findall(text))
+    # `:name::type` would end the bind name at the cast for text(); a space keeps it a bind.
+    translated = _PYFORMAT.sub(lambda m: f":{m.group(1)}", _CAST_AFTER.sub(r"%(\1)s ", text))
+    if "%" in translated.replace("%%", ""):
+        raise ValueError(f"query {name!r} has a parameter that is not %(name)s")
+    return translated.replace("%%", "%"), names
+
+
+def drive(plan: Plan[T], execute: Execute) -> T:
+    """Run `plan`, executing each statement of each step in order; return its result."""
+    try:
+        step = next(plan)
+        while True:
+            row: Row = None
+            for name, params in step.queries:
+                row = execute(name, params)
+            step = plan.send(row)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def drive_async(plan: Plan[T], execute: ExecuteAsync) -> T:
+    """`drive` for a driver that is awaited."""
+    try:
+        step = next(plan)
+        while True:
+            row: Row = None
+            for name, params in step.queries:
+                row = await execute(name, params)
+            step = plan.send(row)
+    except StopIteration as done:
+        result: T = done.value
+        return result
