@@ -81,6 +81,16 @@ def test_an_invalid_message_names_the_field_and_writes_nothing(db_dsn: str) -> N
         assert conn.execute("SELECT count(*) FROM leasebox.outbox").fetchone() == (0,)
 
 
+def test_a_nul_byte_in_the_data_is_a_one_line_error_before_any_sql(db_dsn: str) -> None:
+    message = {"kind": "otp", "recipient": "ada@example.com", "data": {"name": "Ada\u0000"}}
+    result = run("enqueue", "--dsn", db_dsn, "--json", stdin=json.dumps(message))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "leasebox enqueue: error: invalid message: data: Value error, must not contain a NUL "
+        "byte or a lone surrogate character"
+    ]
+
+
 def test_status_prints_a_table_and_json(db_dsn: str) -> None:
     run("enqueue", "--dsn", db_dsn, "--kind", "otp", "--recipient", "ada@example.com")
     table = run("status", "--dsn", db_dsn)

@@ -65,16 +65,35 @@ class RequestRefused(LeaseboxError):
 
 
 class IdempotencyConflict(RequestRefused):
-    """The idempotency key was used before with a different request (HTTP analogue: 422)."""
+    """A key was used before for a different request (HTTP analogue: 422).
 
-    def __init__(self, scope: str, idempotency_key: str, outbox_id: int) -> None:
-        super().__init__(
-            f"idempotency key {idempotency_key!r} in scope {scope!r} was already used for a "
-            f"different request (outbox id {outbox_id})"
-        )
+    The key is an idempotency key in a scope, or (`delivery_key` set) an explicit delivery
+    key that already belongs to a row sending a different message.
+    """
+
+    def __init__(
+        self,
+        scope: str,
+        idempotency_key: str,
+        outbox_id: int,
+        *,
+        delivery_key: str | None = None,
+    ) -> None:
+        if delivery_key is not None:
+            text = (
+                f"delivery key {delivery_key!r} was already used for a different message "
+                f"(outbox id {outbox_id})"
+            )
+        else:
+            text = (
+                f"idempotency key {idempotency_key!r} in scope {scope!r} was already used for "
+                f"a different request (outbox id {outbox_id})"
+            )
+        super().__init__(text)
         self.scope = scope
         self.idempotency_key = idempotency_key
         self.outbox_id = outbox_id
+        self.delivery_key = delivery_key
 
 
 class RateLimited(RequestRefused):
