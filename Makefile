@@ -60,7 +60,7 @@ crds: install ## regenerate crds/ and the chart's copy from the pydantic models
 
 bench: install ## benchmarks side by side with the peers (bench/results/latest.json, figures in bench/README.md)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
-	$(BIN)/python -m bench.run
+	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run
 
 clean: ## remove build output and the virtual environment
 	rm -rf build dist $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import psycopg
+
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 
 LEASEBOX = [sys.executable, "-m", "leasebox"]
 
@@ -51,8 +54,9 @@ def test_enqueue_from_flags_prints_the_receipt_and_a_retry_reuses_it(db_dsn: str
         "--ttl",
         "300",
     )
-    first = run(*args)
-    second = run(*args)
+    env = {**os.environ, KEYS_VARIABLE: generate_key()}
+    first = run(*args, env=env)
+    second = run(*args, env=env)
     assert first.returncode == 0, first.stderr
     receipt, again = json.loads(first.stdout), json.loads(second.stdout)
     assert receipt["reused"] is False

@@ -29,6 +29,7 @@ import yaml
 
 from kube_emulator import KubeEmulator
 from leasebox import OutboxMessage, enqueue
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from leasebox.testing.smtp_sink import SmtpSink
 from monitoring_sources import alert_expressions, dashboard_expressions
 from operator_harness import POOLS, free_port, running_operator, wait_for
@@ -100,6 +101,12 @@ class Prometheus:
         except OSError:
             return False
         return bool(active) and all(t["health"] == "up" for t in active)
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The codes enqueued here are test data for the metrics: they opt in to plaintext."""
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
 
 
 @pytest.fixture

@@ -129,6 +129,15 @@ class Worker:
         return self._stop.is_set()
 
     @property
+    def secrets_mode(self) -> str:
+        """How this worker handles message secrets (encrypted, plaintext allowed, no keys)."""
+        return self._cipher.mode
+
+    def status_lines(self) -> list[str]:
+        """What `/readyz` says under its verdict: how this worker runs."""
+        return [f"secrets: {self.secrets_mode}"]
+
+    @property
     def held(self) -> int:
         """Rows claimed and not yet settled."""
         return len(self._held)
@@ -160,8 +169,11 @@ class Worker:
                 "concurrency": s.concurrency,
                 "lease_seconds": s.lease_seconds,
                 "provider": self._provider.name,
+                "secrets": self.secrets_mode,
             },
         )
+        if not self._cipher.encrypts:
+            log.warning("secrets are not encrypted: %s", self.secrets_mode)
         flusher = self._spawn(self._completions.run(lambda: self._close_deadline), "completions")
         senders = [self._spawn(self._send_loop(), "sender") for _ in range(s.concurrency)]
         helpers = [
