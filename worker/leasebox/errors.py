@@ -18,7 +18,9 @@ figures a caller needs and never a secret, a password or a message body.
         ├── ProviderUnavailable   the provider cannot start (unreachable, bad credentials)
         └── ProviderError         one send failed; `error_class` says whether to retry
             ├── TransientProviderError
+            │   └── AmbiguousProviderError   the provider may have taken it (no answer)
             └── PermanentProviderError
+                └── MessageExpired           past `expires_at` before it reached the wire
 """
 
 from __future__ import annotations
@@ -159,3 +161,24 @@ class PermanentProviderError(ProviderError):
     """Retrying cannot help: a refused recipient, a rejected request."""
 
     error_class = PERMANENT
+
+
+class AmbiguousProviderError(TransientProviderError):
+    """The message may or may not have been accepted: the whole message reached the provider,
+    then the connection was lost (or the reply never came) before it said yes or no.
+
+    Never sent again within the same attempt; the next attempt, after the usual backoff,
+    carries the same delivery key (SMTP Message-ID, HTTP Idempotency-Key), so a provider that
+    deduplicates drops the copy. Counted as `error_class="ambiguous"`.
+    """
+
+    def __init__(self, message: str, *, code: str = "ambiguous") -> None:
+        super().__init__(code, message)
+
+
+class MessageExpired(PermanentProviderError):
+    """The message's `expires_at` passed while it waited (for a connection, a rate limit)
+    and before any of it was written to the wire: it is dead-lettered `expired`, not sent."""
+
+    def __init__(self, message: str = "expired before it could be written to the wire") -> None:
+        super().__init__("expired", message)

@@ -30,6 +30,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.connections import DATABASE_ERRORS, STATEMENT_TIMEOUT
+from leasebox.delivery.boundary import Accepted, send_once
 from leasebox.delivery.providers.base import Email, Provider, reads_content
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
@@ -53,7 +54,6 @@ from leasebox.store.settling import Dead, Release, Retry, Sent
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
-_SETTLE_TIMEOUT = 5.0
 
 
 class Renderer(Protocol):
@@ -108,9 +108,9 @@ class Worker:
             schema=settings.schema,
             clock=clock,
             on_settled=self._settled,
+            lease_deadline=self._lease_deadline,
             statement_timeout=STATEMENT_TIMEOUT,
         )
-        self._close_deadline: float | None = None
         self.database_problem: str | None = None
         self.failed = False
 
@@ -174,7 +174,7 @@ class Worker:
         )
         if not self._cipher.encrypts:
             log.warning("secrets are not encrypted: %s", self.secrets_mode)
-        flusher = self._spawn(self._completions.run(lambda: self._close_deadline), "completions")
+        flusher = self._spawn(self._completions.run(), "completions")
         senders = [self._spawn(self._send_loop(), "sender") for _ in range(s.concurrency)]
         helpers = [
             self._spawn(self._lease_keeper(), "lease keeper"),
@@ -234,8 +234,13 @@ class Worker:
         for task in helpers:
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
-        self._close_deadline = time.monotonic() + _SETTLE_TIMEOUT
-        await self._completions.close(_SETTLE_TIMEOUT)
+        if self._completions.pending:
+            log.info(
+                "recording %d outcomes before exiting",
+                self._completions.pending,
+                extra={"worker_id": self.settings.worker_id},
+            )
+        await self._completions.close()
         flusher.cancel()
         await asyncio.gather(flusher, return_exceptions=True)
 
@@ -320,6 +325,10 @@ class Worker:
         self._held.pop(outbox_id, None)
         self._room.set()
 
+    def _lease_deadline(self, outbox_id: int) -> float | None:
+        held = self._held.get(outbox_id)
+        return None if held is None else held.deadline
+
     def _database_failed(self, what: str, exc: BaseException, failures: int) -> None:
         self.database_problem = f"database unavailable ({type(exc).__name__})"
         if failures == 1 or failures % 20 == 0:
@@ -345,33 +354,42 @@ class Worker:
                 log.warning("lease ran out before the send started", extra=message_fields(message))
             self._completions.put(Outcome(message, Release(held.lease)))
             return
-        if message.expires_at is not None and message.expires_at <= self._db_now(held):
+        if self._expired(held):
             self._finish(
                 held,
                 Dead(held.lease, DeadReason.EXPIRED, "expired before it could be sent", "expired"),
             )
             return
         try:
-            email = self._prepare(message)
+            email = self._prepare(held)
         except Exception as exc:
             self._failed(held, classify(exc))
             return
         self.metrics.inflight.inc()
         started = time.monotonic()
         try:
-            result = await self._provider.send(email)
+            outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
             self._completions.put(Outcome(message, Release(held.lease)))
             raise
-        except Exception as exc:
-            self._failed(held, classify(exc))
-            return
         finally:
             self.metrics.inflight.dec()
             self.metrics.kind(message.kind).send_duration.observe(time.monotonic() - started)
-        self._finish(held, Sent(held.lease, result.provider_message_id))
+        if isinstance(outcome, Accepted):
+            for warning in outcome.warnings:
+                log.warning("accepted, but %s", warning, extra=message_fields(message))
+            self._finish(held, Sent(held.lease, outcome.provider_message_id))
+        else:
+            self._failed(held, outcome)
 
-    def _prepare(self, message: ClaimedMessage) -> Email:
+    def _expired(self, held: Held) -> bool:
+        """Whether the row's `expires_at` has passed, on the database's clock: checked before
+        the send, and by the provider after every wait, right before the message goes out."""
+        expires_at = held.message.expires_at
+        return expires_at is not None and expires_at <= self._db_now(held)
+
+    def _prepare(self, held: Held) -> Email:
+        message = held.message
         if self._reads_content:
             secrets = self._cipher.open(message.secrets) if message.secrets else {}
             rendered = self._renderer.render(message.template, message.data, secrets)
@@ -387,6 +405,7 @@ class Worker:
             text=rendered.text,
             html=rendered.html,
             attempt=message.attempts,
+            expired=lambda: self._expired(held),
         )
 
     def _db_now(self, held: Held) -> datetime:

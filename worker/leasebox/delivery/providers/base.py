@@ -5,25 +5,48 @@ either a `SendResult` or a `ProviderError` whose `error_class` decides between a
 backoff (`transient`) and a dead letter (`permanent`). Error messages end up in logs and in the
 outbox's `last_error`, so everything here that builds one keeps bodies, codes, passwords and
 full recipient addresses out of it.
+
+Two duties of every provider, built in or plugged in:
+
+- **Never late.** A provider that waits before it writes a message (for a pooled connection,
+  a rate limit, a token) calls `email.raise_if_expired()` after the wait and right before the
+  first byte of the message goes out; an OTP past its `expires_at` then becomes a dead letter
+  (`expired`) instead of a late code. A send that started before the expiry may finish.
+- **Say when it does not know.** When the whole message reached the provider and the answer
+  was lost, raise `AmbiguousProviderError` and do not send it again yourself: the worker
+  retries later with the same delivery key.
+
+Whatever a provider returns or raises is untrusted text: the runtime sanitises and bounds it
+(`leasebox.delivery.boundary`) before it reaches the database, a log line or a metric label.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Protocol, runtime_checkable
 
+from leasebox.errors import MessageExpired
+
 MAX_ERROR_LENGTH = 240
 MESSAGE_ID_DOMAIN = "leasebox"
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Email:
-    """One rendered message, ready for a provider; its text never shows in a repr."""
+    """One rendered message, ready for a provider; its text never shows in a repr.
+
+    `expired()` says whether the message's `expires_at` has passed, on the clock the worker
+    shares with the database; `raise_if_expired()` is what a provider calls after a wait.
+    """
 
     outbox_id: int
     kind: str
@@ -34,18 +57,29 @@ class Email:
     text: str = field(repr=False)
     html: str | None = field(repr=False)
     attempt: int
+    expired: Callable[[], bool] = field(default=_never, repr=False, compare=False)
 
     @property
     def recipient_domain(self) -> str:
         """The part of the recipient after `@`, the most a log line may show of it."""
         return recipient_domain(self.recipient)
 
+    def raise_if_expired(self) -> None:
+        """`MessageExpired` if the message must no longer be written to the wire."""
+        if self.expired():
+            raise MessageExpired()
+
 
 @dataclass(frozen=True)
 class SendResult:
-    """What the provider said when it accepted a message."""
+    """What the provider said when it accepted a message.
+
+    `warning` is for an acceptance with a flaw worth a log line (a reply that could not be
+    read, so no provider id); the message counts as sent either way.
+    """
 
     provider_message_id: str | None
+    warning: str | None = None
 
 
 @runtime_checkable
@@ -113,15 +147,26 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 _WHITESPACE = re.compile(r"\s+")
+# Control characters (NUL included) and UTF-16 surrogates: unstorable in PostgreSQL text, or
+# able to forge a line in a log; each is replaced by U+FFFD so that the damage shows.
+_UNSAFE = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def safe_text(text: str) -> str:
+    """`text` with every character that a database column or a log line must not hold
+    replaced by U+FFFD (whitespace such as newlines is kept; `one_line` flattens it)."""
+    return _UNSAFE.sub(REPLACEMENT, text)
 
 
 def one_line(text: str, *, hide: Iterable[str] = (), limit: int = MAX_ERROR_LENGTH) -> str:
-    """`text` as a single bounded line with every value in `hide` masked.
+    """`text` as a single bounded, storable line with every value in `hide` masked.
 
     Used on replies from remote servers, which may quote a recipient or, from a careless
-    server, a credential.
+    server, a credential, and may hold anything at all: NUL bytes, lone surrogates, a
+    megabyte of text. Only the start of a huge text is looked at.
     """
-    flat = _WHITESPACE.sub(" ", text).strip()
+    flat = _WHITESPACE.sub(" ", safe_text(text[: limit * 16])).strip()
     for value in sorted((v for v in hide if v), key=len, reverse=True):
         flat = re.sub(re.escape(value), "***", flat, flags=re.IGNORECASE)
     if len(flat) > limit:
