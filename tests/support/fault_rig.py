@@ -18,6 +18,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -29,7 +30,7 @@ from leasebox.delivery.providers.base import Provider
 from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.runtime.settings import WorkerSettings
-from leasebox.runtime.worker import Worker
+from leasebox.runtime.worker import Worker, database_clock
 
 SETTINGS = WorkerSettings(
     kinds=("otp",),
@@ -128,10 +129,14 @@ async def run_until_final(
     settings: WorkerSettings = SETTINGS,
     within: float = 60.0,
     while_running: Callable[[Worker], Any] | None = None,
+    clock: Callable[[], datetime | None] = database_clock,
 ) -> Run:
-    """Run a worker until every row is sent or dead, then stop it; logs captured."""
+    """Run a worker until every row is sent or dead, then stop it; logs captured.
+
+    `while_running(worker)` is awaited on every look at the rows; `clock` is the worker's.
+    """
     await provider.start()
-    worker = Worker(settings, pool, provider, TemplateRenderer(), cipher=cipher)
+    worker = Worker(settings, pool, provider, TemplateRenderer(), cipher=cipher, clock=clock)
     capture = _Capture()
     logger = logging.getLogger("leasebox")
     logger.addHandler(capture)

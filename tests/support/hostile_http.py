@@ -30,6 +30,7 @@ STALLED_BODY = "stalled_body"  # 200 whose body never finishes
 DROP = "drop"  # the request is read, then the connection closes without a reply
 THROTTLED = "throttled"  # 429 with Retry-After: `Script.retry_after`
 UNAVAILABLE = "unavailable"  # 503
+RAW = "raw"  # `Script.raw` written as the whole response (taken if it is a 2xx)
 TAKEN = frozenset({OK, NUL_ID, SURROGATE_ID, HUGE_ID, GARBAGE_BODY, CUT_BODY, STALLED_BODY, DROP})
 
 
@@ -48,6 +49,7 @@ class Script:
 
     reply: Callable[[str, int], str] = lambda key, nth: OK
     retry_after: str = "1"
+    raw: bytes = b""
 
 
 @dataclass
@@ -97,7 +99,7 @@ class HostileHttpServer:
         with self._lock:
             self.seen[key] += 1
             action = self.script.reply(key, self.seen[key])
-            if action in TAKEN:
+            if action in TAKEN or (action == RAW and self.script.raw.startswith(b"HTTP/1.1 2")):
                 copy = Copy(key, int(request["metadata"].get("attempt", 0)), request["to"])
                 self.copies[key].append(copy)
             else:
@@ -109,7 +111,9 @@ class HostileHttpServer:
         if action == DROP:
             writer.transport.abort()
             return
-        if action == THROTTLED:
+        if action == RAW:
+            writer.write(self.script.raw)
+        elif action == THROTTLED:
             writer.write(
                 _response(429, b'{"error": "slow down"}', {"Retry-After": self.script.retry_after})
             )

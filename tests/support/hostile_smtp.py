@@ -32,6 +32,7 @@ REJECT = "reject"  # 554: not taken
 GARBAGE = "garbage"  # 250 with NUL bytes, control characters and invalid UTF-8: taken
 GARBAGE_DEFER = "garbage_defer"  # the same text with 451: not taken
 HUGE = "huge"  # 250 followed by a megabyte on the same line (unreadable to a client): taken
+RAW = "raw"  # `Script.raw` as the reply (taken if it starts with 2)
 TAKEN = frozenset({ACCEPT, DROP, SLOW, HOLD, GARBAGE, HUGE})
 NASTY = b"\x00\x1b[2J\xff\xfe\xed\xa0\x80 \xf0\x28\x8c\x28 <ada@example.com>"
 
@@ -52,6 +53,7 @@ class Script:
 
     reply: Callable[[str, int], str] = lambda key, nth: ACCEPT
     slow_seconds: float = 2.0
+    raw: bytes = b"250 OK\r\n"
     release: threading.Event = field(default_factory=threading.Event)
     holding: threading.Event = field(default_factory=threading.Event)
 
@@ -124,7 +126,7 @@ class HostileSmtpServer:
         with self._lock:
             self.seen[key] += 1
             action = self.script.reply(key, self.seen[key])
-            if action in TAKEN:
+            if action in TAKEN or (action == RAW and self.script.raw.startswith(b"2")):
                 self.copies[key].append(Copy(key, str(headers["Message-ID"]), attempt, data_at))
             else:
                 self.refused[key] += 1
@@ -138,7 +140,9 @@ class HostileSmtpServer:
             self.script.holding.set()
             while not (self.script.release.is_set() or self.stopping.is_set()):  # noqa: ASYNC110
                 await asyncio.sleep(0.01)  # released by the test's thread
-        if action == GARBAGE:
+        if action == RAW:
+            writer.write(self.script.raw)
+        elif action == GARBAGE:
             writer.write(b"250 queued as " + NASTY + b"\r\n")
         elif action == GARBAGE_DEFER:
             writer.write(b"451 4.3.0 " + NASTY + b"\r\n")
