@@ -7,20 +7,26 @@ a dropped connection (the API read the request and never answered) may cause a s
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
+from aiohttp import ClientSession
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.delivery.boundary import MAX_MESSAGE_ID_LENGTH
 from leasebox.delivery.providers import provider_from_url
+from leasebox.delivery.providers.http import HttpProvider, HttpSettings
+from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.producer.payload_crypto import PayloadCipher
+from leasebox.runtime.health import HealthServer, build_app
 from leasebox.runtime.worker import Worker
 from support import hostile_http as http
-from support.fault_rig import Run, judge, rows, run_until_final, seed
+from support.fault_rig import SETTINGS, Run, judge, rows, run_until_final, seed
+from support.mail_servers import free_port
 
 MESSAGES = 12
 pytestmark = pytest.mark.slow
@@ -161,3 +167,36 @@ async def test_bursts_of_5xx_are_retried_to_delivery_with_one_copy(
     assert all((found[k]["status"], found[k]["attempts"]) == ("sent", 4) for k in ran.keys)
     assert all(ran.server.refused[k] == [http.UNAVAILABLE] * 3 for k in ran.keys)
     assert retries(ran.run.worker, "http_503") == 3 * MESSAGES
+
+
+async def test_readyz_says_not_ready_while_the_api_refuses_connections(
+    db_pool: AsyncConnectionPool, cipher: PayloadCipher
+) -> None:
+    port = free_port()
+    provider = HttpProvider(
+        HttpSettings(endpoint=f"http://127.0.0.1:{port}/send"), check_interval=0
+    )
+    worker = Worker(SETTINGS, db_pool, provider, TemplateRenderer(), cipher=cipher)
+    health = HealthServer(
+        build_app(worker.metrics, worker.readiness_problem, details=worker.status_lines),
+        "127.0.0.1",
+    )
+    await provider.start()
+    await health.start()
+    try:
+        async with ClientSession() as session:
+            url = f"http://127.0.0.1:{health.port}/readyz"
+            async with session.get(url) as response:
+                refused = (response.status, await response.text())
+            listener = socket.create_server(("127.0.0.1", port))
+            try:
+                async with session.get(url) as response:
+                    reachable = (response.status, await response.text())
+            finally:
+                listener.close()
+    finally:
+        await health.stop()
+        await provider.close()
+    assert refused[0] == 503
+    assert refused[1].startswith(f"not ready: provider: cannot reach http://127.0.0.1:{port}/send")
+    assert reachable == (200, "ready\nsecrets: encrypted (1 key)\n")

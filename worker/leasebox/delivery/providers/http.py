@@ -176,6 +176,7 @@ class HttpProvider:
                     retry_after = None
                     if response.status in RETRY_AFTER_STATUSES:
                         retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                        retry_after = retry_after if retry_after and retry_after > 0 else None
                     raise status_error(response.status, response.reason, target, retry_after)
                 return await _accepted(response)
         except TimeoutError:
