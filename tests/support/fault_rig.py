@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.rows import dict_row
@@ -85,6 +85,20 @@ class Run:
         lines = [f"{r.getMessage()} {r.__dict__!r}" for r in self.logs]
         exposition = self.worker.metrics.exposition().decode()
         return "\n".join([*lines, exposition, *self.readiness])
+
+
+class Evidence(Protocol):
+    """Everything a run showed the world: logs, metrics, readiness (searched for codes)."""
+
+    @property
+    def text(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Printed:
+    """The evidence of a worker process: what it printed and what its endpoints answered."""
+
+    text: str
 
 
 VERDICTS: list[Verdict] = []
@@ -179,7 +193,7 @@ def judge(
     conn: psycopg.Connection[Any],
     seeded: Seeded,
     taken: Mapping[str, Sequence[Any]],
-    run: Run,
+    run: Evidence,
     *,
     duplicates: bool = False,
 ) -> Verdict:

@@ -13,6 +13,7 @@ reading it whole); refusals are counted apart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections import defaultdict
@@ -31,7 +32,10 @@ DROP = "drop"  # the request is read, then the connection closes without a reply
 THROTTLED = "throttled"  # 429 with Retry-After: `Script.retry_after`
 UNAVAILABLE = "unavailable"  # 503
 RAW = "raw"  # `Script.raw` written as the whole response (taken if it is a 2xx)
-TAKEN = frozenset({OK, NUL_ID, SURROGATE_ID, HUGE_ID, GARBAGE_BODY, CUT_BODY, STALLED_BODY, DROP})
+SLOW_OK = "slow_ok"  # 202 after `Script.slow_seconds`
+TAKEN = frozenset(
+    {OK, NUL_ID, SURROGATE_ID, HUGE_ID, GARBAGE_BODY, CUT_BODY, STALLED_BODY, DROP, SLOW_OK}
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class Script:
     reply: Callable[[str, int], str] = lambda key, nth: OK
     retry_after: str = "1"
     raw: bytes = b""
+    slow_seconds: float = 1.0
 
 
 @dataclass
@@ -111,6 +116,9 @@ class HostileHttpServer:
         if action == DROP:
             writer.transport.abort()
             return
+        if action == SLOW_OK:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.script.slow_seconds)
         if action == RAW:
             writer.write(self.script.raw)
         elif action == THROTTLED:

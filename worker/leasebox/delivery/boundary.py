@@ -24,11 +24,11 @@ import asyncio
 from dataclasses import dataclass
 
 from leasebox.delivery.providers.base import (
+    REPLACEMENT,
     Email,
     Provider,
     SendResult,
     one_line,
-    safe_text,
 )
 from leasebox.delivery.retrying import Failure, classify
 
@@ -82,8 +82,8 @@ def usable_message_id(value: object) -> tuple[str | None, str | None]:
             f"the provider's message id is {len(text)} characters long "
             f"(at most {MAX_MESSAGE_ID_LENGTH} are kept): dropped"
         )
-    cleaned = safe_text(text)
-    cleaned = "".join(c if c.isprintable() else "\ufffd" for c in cleaned)
+    # Not printable: control characters (NUL among them), lone surrogates, separators.
+    cleaned = "".join(c if c.isprintable() else REPLACEMENT for c in text)
     if cleaned != text:
         return cleaned, "the provider's message id held unprintable characters: replaced"
     return text, None

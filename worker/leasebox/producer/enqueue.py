@@ -25,7 +25,7 @@ from leasebox.errors import DatabaseError, IdempotencyConflict
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
-from leasebox.producer.plan import Plan, Step, one, run, run_async
+from leasebox.producer.plan import Plan, Step, run, run_async
 
 __all__ = ["DEFAULT_RECEIPT_TTL_SECONDS", "enqueue", "enqueue_async"]
 
@@ -109,17 +109,12 @@ def _plan(
     }
     row = yield Step((*locks, ("enqueue", write)))
     if row is None:
-        # Only a row written without the delivery-key lock (by hand, or by an older version)
-        # can be invisible here; a new statement has a new snapshot that sees it.
-        row = yield one(
-            "find_delivery_key", {"delivery_key": delivery_key, "message_hash": message_hash}
+        # Under the delivery-key lock the statement sees every row its ON CONFLICT waited
+        # for; only a row written concurrently without the lock (by hand) can hide from it.
+        raise DatabaseError(
+            f"an outbox row with delivery key {delivery_key!r} was written concurrently "
+            "without leasebox's lock; retry the transaction"
         )
-        if row is None:
-            raise DatabaseError(
-                f"the outbox row with delivery key {delivery_key!r} was deleted while this "
-                "request was written; retry the transaction"
-            )
-        row = {**row, "source": "existing" if row["same"] else "conflict"}
     if row["source"] == "receipt":
         return _reused(row, fingerprint, scope_name, idempotency_key)
     if row["source"] == "conflict":
