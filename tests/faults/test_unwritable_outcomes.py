@@ -168,13 +168,13 @@ async def test_an_outcome_known_at_shutdown_waits_for_the_database_and_is_never_
             worker.request_stop()
             release.set()  # the provider accepts: the worker now knows the message was sent
             # Past the point where an outcome used to be given up (5 s of failed writes).
-            await eventually(lambda: worker._completions.write_failures >= 6, within=60)
+            await eventually(lambda: worker.completions.write_failures >= 6, within=60)
             assert not task.done()
         finally:
             _set_connections(server_dsn, db_dsn, allowed=True)
         async with asyncio.timeout(60):
             await task
-    assert worker._completions.given_up == 0
+    assert worker.completions.given_up == 0
     with psycopg.connect(db_dsn) as conn:
         row = rows(conn)[key]
     assert (row["status"], row["provider_message_id"]) == ("sent", f"scripted-{key}")

@@ -40,8 +40,8 @@ def _plan(
     cipher: PayloadCipher,
 ) -> Plan[Receipt]:
     scope_name = scope or "default"
-    fingerprint = request_hash or message.request_hash()
     message_hash = message.request_hash()
+    fingerprint = request_hash or message_hash
     explicit_key = message.delivery_key
     # Serialise requests with the same idempotency key, then with the same delivery key (in
     # this order, before the guard's locks, so that no two producers wait in a cycle): a

@@ -138,6 +138,11 @@ class Worker:
         return [f"secrets: {self.secrets_mode}"]
 
     @property
+    def completions(self) -> CompletionBatcher:
+        """The outcomes waiting to be written, and how writing them has gone."""
+        return self._completions
+
+    @property
     def held(self) -> int:
         """Rows claimed and not yet settled."""
         return len(self._held)
