@@ -75,6 +75,16 @@ async def test_a_delivered_message_carries_the_derived_message_id_and_headers(
     assert f"<b>{CODE}</b>" in html.get_content()
 
 
+async def test_an_internationalised_domain_is_written_in_its_ascii_form_and_the_rest_as_given(
+    provider: SmtpProvider, smtp_server: SmtpServer
+) -> None:
+    await provider.send(email(recipient="Ada.Lovelace@Bücher.de"))
+
+    [delivered] = smtp_server.handler.delivered
+    assert delivered.rcpt_tos == ["Ada.Lovelace@xn--bcher-kva.de"]
+    assert delivered.message["To"] == "Ada.Lovelace@xn--bcher-kva.de"
+
+
 async def test_a_retry_of_the_same_delivery_key_has_the_same_message_id(
     provider: SmtpProvider, smtp_server: SmtpServer
 ) -> None:

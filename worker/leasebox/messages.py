@@ -51,7 +51,7 @@ def unstorable(text: str) -> bool:
     return _UNSTORABLE.search(text) is not None
 
 
-def _ascii_domain(domain: str) -> str:
+def ascii_domain(domain: str) -> str:
     """The domain in lower-case IDNA ASCII form (`Bücher.DE` -> `xn--bcher-kva.de`)."""
     try:
         return domain.encode("idna").decode("ascii").lower()
@@ -68,7 +68,7 @@ def recipient_key(address: str) -> str:
     theory and never in practice; counting them apart would let letter case bypass a limit.
     """
     local, _, domain = address.strip().rpartition("@")
-    return f"{local.casefold()}@{_ascii_domain(domain)}"
+    return f"{local.casefold()}@{ascii_domain(domain)}"
 
 
 def _check_email(value: str) -> str:
@@ -78,8 +78,8 @@ def _check_email(value: str) -> str:
     local, at, domain = address.rpartition("@")
     if not at or not _LOCAL_PART.fullmatch(local) or ".." in local:
         raise ValueError("not a valid email address")
-    ascii_domain = _ascii_domain(domain) if domain else ""
-    if not _DOMAIN.fullmatch(ascii_domain) or len(local) + 1 + len(ascii_domain) > 254:
+    wire_domain = ascii_domain(domain) if domain else ""
+    if not _DOMAIN.fullmatch(wire_domain) or len(local) + 1 + len(wire_domain) > 254:
         raise ValueError("not a valid email address")
     return address
 

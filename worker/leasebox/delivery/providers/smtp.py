@@ -48,6 +48,7 @@ from leasebox.errors import (
     ProviderError,
     TransientProviderError,
 )
+from leasebox.messages import ascii_domain
 
 DEFAULT_SENDER = "leasebox@localhost"
 DEFAULT_POOL_SIZE = 8
@@ -108,11 +109,23 @@ class SmtpSettings:
         return parseaddr(self.sender)[1]
 
 
+def wire_address(address: str) -> str:
+    """`address` as SMTP writes it: as given, except that an internationalised domain is in
+    its ASCII (IDNA) form, the same mailbox for every server, SMTPUTF8 or not."""
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    try:
+        return f"{local}@{ascii_domain(domain)}"
+    except ValueError:
+        return address  # refused later, as an address that cannot be sent
+
+
 def build_message(email: Email, sender: str) -> EmailMessage:
     """The MIME message for `email`: text, optional HTML alternative, stable Message-ID."""
     message = EmailMessage()
     message["From"] = sender
-    message["To"] = email.recipient
+    message["To"] = wire_address(email.recipient)
     message["Subject"] = " ".join(email.subject.split())
     message["Date"] = format_datetime(datetime.now(UTC))
     message["Message-ID"] = derived_message_id(email.delivery_key)
@@ -248,7 +261,9 @@ class SmtpProvider:
         client.before_data = email.raise_if_expired
         try:
             await client.send_message(
-                message, sender=self.settings.envelope_sender, recipients=[email.recipient]
+                message,
+                sender=self.settings.envelope_sender,
+                recipients=[wire_address(email.recipient)],
             )
         except MessageExpired:
             await self._reset(client)
