@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SECOND_PG_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench clean
+.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -22,12 +22,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install leasebox with its development tools
 
-tools: ## install system tools the tests use (promtool) when missing and running as root
+tools: ## install system tools the tests use (promtool, kubectl) when missing and running as root
 	@if ! command -v promtool >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing promtool (Debian package prometheus)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
 	  else echo "promtool is missing: install the prometheus package" >&2; fi; \
+	fi
+	@if ! command -v kubectl >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing kubectl (Debian package kubernetes-client)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
+	  else echo "kubectl is missing: install the kubernetes-client package" >&2; fi; \
 	fi
 
 demo: install ## run the whole flow on an embedded PostgreSQL and print what held
@@ -54,13 +60,17 @@ test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it a
 	elif [ -n "$$CI" ]; then echo "second PostgreSQL at $(SECOND_PG_DSN) is not reachable" >&2; exit 1; \
 	else echo "skipping the second PostgreSQL version: $(SECOND_PG_DSN) does not answer"; fi
 
-crds: install ## regenerate crds/ and the chart's copy from the pydantic models
+crds: install ## regenerate crds/ and the chart's copies of the CRD and of the alert rules
 	$(BIN)/leasebox crd > crds/outboxworkerpools.leasebox.dev.yaml
 	cp crds/outboxworkerpools.leasebox.dev.yaml charts/leasebox/files/crds/
+	cp operator/leasebox_operator/rules/leasebox-rules.yaml charts/leasebox/files/alerts/
 
 bench: install ## benchmarks side by side with the peers (bench/results/latest.json, figures in bench/README.md)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run
+
+mutate: install ## the mutation gate: every curated break of a guarantee must fail a test by assertion
+	$(BIN)/python -m tools.mutate
 
 clean: ## remove build output and the virtual environment
 	rm -rf build dist $(VENV) .mypy_cache .pytest_cache .ruff_cache

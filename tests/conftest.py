@@ -25,7 +25,7 @@ from psycopg import conninfo, sql
 
 from leasebox.db.migrations import migrate
 
-pytest_plugins = ["kube_emulator"]
+pytest_plugins = ["support.kube.emulator"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"

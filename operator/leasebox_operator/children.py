@@ -1,31 +1,43 @@
 """The objects a pool owns, built as plain manifests from its spec.
 
-Pure functions: a spec in, a manifest out. The handlers add ownership (`kopf.adopt`) and
-send them; tests read them without a cluster. Secrets reach the workers by reference
-(`secretKeyRef`), never by value, so nothing secret passes through the operator into a
-manifest. A hash of each manifest travels as an annotation, so a reconcile patches only
-what changed and a changed pod template rolls out.
+Pure functions: a spec in, a manifest out. `reconcile` adds ownership (`kopf.adopt`) and
+applies them with server-side apply; tests read them without a cluster. Secrets reach the
+workers by reference (`secretKeyRef`), never by value, so nothing secret passes through the
+operator into a manifest. What a pool's `podTemplate` adds is merged *under* what the
+operator sets: selector labels, the security context and the operator's environment stay
+the operator's, so no spec can move a worker out of the restricted Pod Security profile.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
-from leasebox_operator.models import PoolSpec, SecretKeyRef
+from leasebox.runtime import options
+from leasebox.runtime.options import environment
+from leasebox_operator import alerts
+from leasebox_operator.kubetypes import dump
+from leasebox_operator.models import (
+    DSN_VARIABLE,
+    MAX_NAME_LENGTH,
+    PAYLOAD_KEYS_VARIABLE,
+    PROVIDER_VARIABLE,
+    TEMPLATES_DIR,
+    PoolSpec,
+    SecretKeyRef,
+)
+
+__all__ = ["MAX_NAME_LENGTH", "TEMPLATES_DIR"]
 
 WORKER_METRICS_PORT = 9108
-TEMPLATES_DIR = "/etc/leasebox/templates"
-HASH_ANNOTATION = "leasebox.dev/spec-hash"
 POOL_LABEL = "leasebox.dev/pool"
 MANAGED_BY = "leasebox-operator"
-# Workers stop claiming on SIGTERM and finish in-flight sends; the grace period must
-# outlast a lease so that a send never dies holding one it could still complete.
+# Workers stop claiming on SIGTERM and finish in-flight sends within a lease (their grace);
+# the pod's grace period outlasts it, so a send never dies holding a lease it could finish.
 GRACE_BEYOND_LEASE_SECONDS = 15
-MAX_NAME_LENGTH = 56  # leaves room for "-worker" in a 63-character label value
+TERMINATION_MESSAGES = "FallbackToLogsOnError"
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,11 @@ def selector_labels(pool: Pool) -> dict[str, str]:
     return {"app.kubernetes.io/name": "leasebox-worker", "app.kubernetes.io/instance": pool.name}
 
 
+def selector(pool: Pool) -> str:
+    """The worker pods' label selector as a string (the scale subresource's `selector`)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(selector_labels(pool).items()))
+
+
 def pod_labels(pool: Pool) -> dict[str, str]:
     return {
         **selector_labels(pool),
@@ -54,45 +71,46 @@ def pod_labels(pool: Pool) -> dict[str, str]:
     }
 
 
-def spec_hash(manifest: dict[str, Any]) -> str:
-    """A short, stable digest of a manifest."""
-    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
-    manifest["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = spec_hash(manifest)
-    return manifest
-
-
 def _secret_env(name: str, ref: SecretKeyRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _number(value: float) -> str:
-    return f"{value:g}"
+def worker_settings(pool: Pool) -> dict[str, object]:
+    """The worker settings a pool's spec decides, by the worker's own names and types.
+
+    Rendered into env by the worker's settings table, so that what the operator writes is
+    exactly what `leasebox worker` reads (a test round-trips a spec through both).
+    """
+    spec, worker = pool.spec, pool.spec.worker
+    chosen: dict[str, object] = {
+        options.SCHEMA.name: spec.database.schema_name,
+        options.KINDS.name: tuple(spec.kinds),
+        options.CONCURRENCY.name: worker.concurrency,
+        options.LEASE_SECONDS.name: float(worker.lease_seconds),
+        # In-flight sends may finish within a lease after SIGTERM; the pod's grace is longer.
+        options.GRACE.name: float(worker.lease_seconds),
+        options.MAX_ATTEMPTS.name: worker.max_attempts,
+        options.BACKOFF_BASE.name: float(worker.backoff_base_seconds),
+        options.BACKOFF_MAX.name: float(worker.backoff_max_seconds),
+        options.METRICS_PORT.name: WORKER_METRICS_PORT,
+        options.LOG_FORMAT.name: worker.log_format,
+    }
+    if worker.templates_config_map:
+        chosen[options.TEMPLATES.name] = PurePosixPath(TEMPLATES_DIR)
+    return chosen
 
 
 def worker_env(pool: Pool) -> list[dict[str, Any]]:
-    """The worker's environment: settings by value, secrets by reference."""
+    """The worker's environment: settings by value, secrets by reference, then the pool's."""
     spec, worker = pool.spec, pool.spec.worker
     env = [
-        _secret_env("LEASEBOX_DSN", spec.database.secret_ref),
-        _secret_env("LEASEBOX_PROVIDER_URL", spec.provider.secret_ref),
-        {"name": "LEASEBOX_SCHEMA", "value": spec.database.schema_name},
-        {"name": "LEASEBOX_KINDS", "value": ",".join(spec.kinds)},
-        {"name": "LEASEBOX_CONCURRENCY", "value": str(worker.concurrency)},
-        {"name": "LEASEBOX_LEASE_SECONDS", "value": _number(worker.lease_seconds)},
-        {"name": "LEASEBOX_MAX_ATTEMPTS", "value": str(worker.max_attempts)},
-        {"name": "LEASEBOX_BACKOFF_BASE", "value": _number(worker.backoff_base_seconds)},
-        {"name": "LEASEBOX_BACKOFF_MAX", "value": _number(worker.backoff_max_seconds)},
-        {"name": "LEASEBOX_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},
-        {"name": "LEASEBOX_LOG_FORMAT", "value": worker.log_format},
+        _secret_env(DSN_VARIABLE, spec.database.secret_ref),
+        _secret_env(PROVIDER_VARIABLE, spec.provider.secret_ref),
+        *({"name": name, "value": value} for name, value in environment(worker_settings(pool))),
     ]
-    if worker.templates_config_map:
-        env.append({"name": "LEASEBOX_TEMPLATES", "value": TEMPLATES_DIR})
     if worker.payload_keys_secret_ref:
-        env.append(_secret_env("LEASEBOX_PAYLOAD_KEYS", worker.payload_keys_secret_ref))
+        env.append(_secret_env(PAYLOAD_KEYS_VARIABLE, worker.payload_keys_secret_ref))
+    env.extend(dump(var) for var in worker.env or ())
     return env
 
 
@@ -109,8 +127,25 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _tmp_mount() -> dict[str, Any]:
+    return {"name": "tmp", "mountPath": "/tmp"}  # noqa: S108 (an emptyDir)
+
+
 def _container(pool: Pool, image: str) -> dict[str, Any]:
     worker = pool.spec.worker
+    mounts = [_tmp_mount()]
+    if worker.templates_config_map:
+        mounts.append({"name": "templates", "mountPath": TEMPLATES_DIR, "readOnly": True})
+    mounts.extend(dump(mount) for mount in worker.volume_mounts or ())
     container: dict[str, Any] = {
         "name": "worker",
         "image": worker.image or image,
@@ -120,29 +155,53 @@ def _container(pool: Pool, image: str) -> dict[str, Any]:
         "livenessProbe": _probe("/healthz", 10, 3),
         "readinessProbe": _probe("/readyz", 5, 2),
         "resources": worker.resources.model_dump(),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # noqa: S108 (an emptyDir)
+        "securityContext": _security_context(),
+        "terminationMessagePolicy": TERMINATION_MESSAGES,
+        "volumeMounts": mounts,
+    }
+    if worker.env_from:
+        container["envFrom"] = [dump(source) for source in worker.env_from]
+    if worker.image_pull_policy:
+        container["imagePullPolicy"] = worker.image_pull_policy
+    return container
+
+
+def migrate_container(pool: Pool, image: str) -> dict[str, Any]:
+    """The init container that creates or upgrades the schema before the worker starts.
+
+    `leasebox migrate` takes an advisory lock, so the pods of a rollout migrate one at a
+    time and all but the first find nothing to do; it exits 1 (the pod retries) while the
+    database is unreachable, and 2 on a bad setting.
+    """
+    worker = pool.spec.worker
+    container: dict[str, Any] = {
+        "name": "migrate",
+        "image": worker.image or image,
+        "args": ["migrate", "--schema", pool.spec.database.schema_name],
+        "env": [
+            _secret_env(DSN_VARIABLE, pool.spec.database.secret_ref),
+            {"name": options.LOG_FORMAT.variable, "value": worker.log_format},
+        ],
+        "resources": worker.resources.model_dump(),
+        "securityContext": _security_context(),
+        "terminationMessagePolicy": TERMINATION_MESSAGES,
+        "volumeMounts": [_tmp_mount()],
     }
     if worker.image_pull_policy:
         container["imagePullPolicy"] = worker.image_pull_policy
-    if worker.templates_config_map:
-        container["volumeMounts"].append(
-            {"name": "templates", "mountPath": TEMPLATES_DIR, "readOnly": True}
-        )
     return container
 
 
 def _pod_spec(pool: Pool, image: str) -> dict[str, Any]:
     worker = pool.spec.worker
+    template = worker.pod_template.spec if worker.pod_template else None
+    custom: dict[str, Any] = dump(template) or {}
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     if worker.templates_config_map:
         volumes.append({"name": "templates", "configMap": {"name": worker.templates_config_map}})
+    volumes.extend(custom.pop("volumes", []))
     pod: dict[str, Any] = {
+        **custom,  # scheduling fields only: the model has nothing that loosens security
         "containers": [_container(pool, image)],
         "volumes": volumes,
         "terminationGracePeriodSeconds": termination_grace_seconds(pool),
@@ -155,18 +214,35 @@ def _pod_spec(pool: Pool, image: str) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if pool.spec.database.migrations == "Auto":
+        pod["initContainers"] = [migrate_container(pool, image)]
     if worker.service_account_name:
         pod["serviceAccountName"] = worker.service_account_name
     return pod
 
 
-def deployment(pool: Pool, *, image: str, replicas: int) -> dict[str, Any]:
-    """The worker Deployment; `replicas` is the caller's (the poll loop owns scaling)."""
-    labels = pod_labels(pool)
-    manifest: dict[str, Any] = {
+def _pod_metadata(pool: Pool) -> dict[str, Any]:
+    template = pool.spec.worker.pod_template
+    meta = template.metadata if template and template.metadata else None
+    labels = {**(meta.labels if meta and meta.labels else {}), **pod_labels(pool)}
+    annotations = {
+        **(meta.annotations if meta and meta.annotations else {}),
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(WORKER_METRICS_PORT),
+    }
+    return {"labels": labels, "annotations": annotations}
+
+
+def deployment(pool: Pool, *, image: str) -> dict[str, Any]:
+    """The worker Deployment, without `replicas`: the scaler owns it (through `/scale`)."""
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": pool.deployment_name, "namespace": pool.namespace, "labels": labels},
+        "metadata": {
+            "name": pool.deployment_name,
+            "namespace": pool.namespace,
+            "labels": pod_labels(pool),
+        },
         "spec": {
             "selector": {"matchLabels": selector_labels(pool)},
             "strategy": {
@@ -174,149 +250,69 @@ def deployment(pool: Pool, *, image: str, replicas: int) -> dict[str, Any]:
                 "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
             },
             "revisionHistoryLimit": 3,
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(WORKER_METRICS_PORT),
-                    },
-                },
-                "spec": _pod_spec(pool, image),
-            },
+            "template": {"metadata": _pod_metadata(pool), "spec": _pod_spec(pool, image)},
         },
     }
-    _with_hash(manifest)
-    manifest["spec"]["replicas"] = replicas
-    return manifest
 
 
 def pod_disruption_budget(pool: Pool) -> dict[str, Any]:
     """Voluntary evictions take one worker at a time, so drains never empty the pool."""
-    return _with_hash(
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {
-                "name": pool.deployment_name,
-                "namespace": pool.namespace,
-                "labels": pod_labels(pool),
-            },
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(pool)}},
-        }
-    )
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": pool.deployment_name,
+            "namespace": pool.namespace,
+            "labels": pod_labels(pool),
+        },
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(pool)}},
+    }
 
 
 def pod_monitor(pool: Pool) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor for the workers' metrics port."""
-    return _with_hash(
-        {
-            "apiVersion": "monitoring.coreos.com/v1",
-            "kind": "PodMonitor",
-            "metadata": {
-                "name": pool.deployment_name,
-                "namespace": pool.namespace,
-                "labels": {**pod_labels(pool), **pool.spec.monitoring.labels},
-            },
-            "spec": {
-                "selector": {"matchLabels": selector_labels(pool)},
-                "podMetricsEndpoints": [
-                    {
-                        "port": "metrics",
-                        "path": "/metrics",
-                        # Worker series carry the pool's name, as the pool alerts match on it.
-                        "relabelings": [
-                            {
-                                "sourceLabels": ["__meta_kubernetes_pod_label_leasebox_dev_pool"],
-                                "targetLabel": "pool",
-                                "action": "replace",
-                            }
-                        ],
-                    }
-                ],
-            },
-        }
-    )
-
-
-def _selector(pool: Pool, **extra: str) -> str:
-    labels = {"namespace": pool.namespace, "pool": pool.name, **extra}
-    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-
-
-def alert_rules(pool: Pool) -> list[dict[str, Any]]:
-    """The pool's alerts, on the operator's metrics, with the pool's own SLA."""
-    sla = pool.spec.sla.oldest_pending_age_seconds
-    sel = _selector(pool)
-    labels = {"namespace": pool.namespace, "pool": pool.name}
-    return [
-        {
-            "alert": "LeaseboxPoolSLABreached",
-            "expr": f"time() - max(leasebox_pool_oldest_pending_timestamp_seconds{sel}) > {sla:g}",
-            "for": "1m",
-            "labels": {**labels, "severity": "critical"},
-            "annotations": {
-                "summary": f"OutboxWorkerPool {pool.name}: oldest pending message past its SLA",
-                "description": f"The oldest pending message of pool {pool.namespace}/{pool.name}"
-                f" is older than the {sla:g}s SLA.",
-            },
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": pool.deployment_name,
+            "namespace": pool.namespace,
+            "labels": {**pod_labels(pool), **pool.spec.monitoring.labels},
         },
-        {
-            "alert": "LeaseboxPoolDeadLetters",
-            "expr": f"delta(leasebox_pool_messages{_selector(pool, state='dead')}[15m]) > 0",
-            "labels": {**labels, "severity": "warning"},
-            "annotations": {
-                "summary": f"OutboxWorkerPool {pool.name}: new dead letters",
-                "description": "Messages became dead letters in the last 15 minutes; inspect "
-                "them with `leasebox dead-letters list`.",
-            },
+        "spec": {
+            "selector": {"matchLabels": selector_labels(pool)},
+            "podMetricsEndpoints": [
+                {
+                    "port": "metrics",
+                    "path": "/metrics",
+                    # Worker series carry the pool's name, as the pool alerts match on it.
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_label_leasebox_dev_pool"],
+                            "targetLabel": "pool",
+                            "action": "replace",
+                        }
+                    ],
+                }
+            ],
         },
-        {
-            "alert": "LeaseboxPoolAtMaxReplicas",
-            "expr": f"leasebox_pool_desired_replicas{sel} >= leasebox_pool_max_replicas{sel}",
-            "for": "15m",
-            "labels": {**labels, "severity": "warning"},
-            "annotations": {
-                "summary": f"OutboxWorkerPool {pool.name}: pinned at maxReplicas",
-                "description": "The scaling policy wants at least maxReplicas for 15 minutes; "
-                "raise maxReplicas or look for a slow provider.",
-            },
-        },
-        {
-            "alert": "LeaseboxPoolPollFailing",
-            "expr": f"increase(leasebox_operator_poll_errors_total{sel}[5m]) > 0",
-            "for": "5m",
-            "labels": {**labels, "severity": "warning"},
-            "annotations": {
-                "summary": f"OutboxWorkerPool {pool.name}: backlog polls failing",
-                "description": "The operator cannot read the backlog; replicas are frozen. "
-                "See the pool's DatabaseReachable condition.",
-            },
-        },
-    ]
+    }
 
 
-def prometheus_rule(pool: Pool) -> dict[str, Any]:
-    """A per-pool PrometheusRule built from the pool's SLA."""
-    return _with_hash(
-        {
-            "apiVersion": "monitoring.coreos.com/v1",
-            "kind": "PrometheusRule",
-            "metadata": {
-                "name": pool.deployment_name,
-                "namespace": pool.namespace,
-                "labels": {**pod_labels(pool), **pool.spec.monitoring.labels},
-            },
-            "spec": {
-                "groups": [
-                    {
-                        "name": f"leasebox-pool-{pool.namespace}-{pool.name}",
-                        "rules": alert_rules(pool),
-                    }
-                ],
-            },
-        }
-    )
+def prometheus_rule(pool: Pool, runbook_base_url: str = alerts.RUNBOOK_BASE) -> dict[str, Any]:
+    """The pool's PrometheusRule: the chart's alerts, narrowed to this pool."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": pool.deployment_name,
+            "namespace": pool.namespace,
+            "labels": {**pod_labels(pool), **pool.spec.monitoring.labels},
+        },
+        "spec": {
+            "groups": alerts.pool_groups(pool.namespace, pool.name, runbook_base_url),
+        },
+    }
 
 
 def clamp_replicas(current: int | None, pool: Pool) -> int:

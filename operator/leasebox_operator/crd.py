@@ -18,6 +18,7 @@ from leasebox_operator.models import (
     GROUP,
     KIND,
     PLURAL,
+    POOL_RULES,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
@@ -28,57 +29,36 @@ from leasebox_operator.models import (
 CRD_NAME = f"{PLURAL}.{GROUP}"
 _DROPPED = frozenset({"title", "$defs"})
 
+READY_STATUS = '.status.conditions[?(@.type=="Ready")]'
+# As cert-manager shows certificates: the summary first, details with `-o wide`.
 PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
-    {
-        "name": "Kinds",
-        "type": "string",
-        "jsonPath": ".spec.kinds",
-        "description": "Message kinds the pool claims",
-    },
-    {
-        "name": "Replicas",
-        "type": "integer",
-        "jsonPath": ".status.replicas",
-        "description": "Replicas requested on the worker Deployment",
-    },
-    {
-        "name": "Desired",
-        "type": "integer",
-        "jsonPath": ".status.desiredReplicas",
-        "description": "Replicas the scaling policy asks for",
-    },
-    {
-        "name": "Pending",
-        "type": "integer",
-        "jsonPath": ".status.backlog.pending",
-        "description": "Pending messages",
-    },
-    {
-        "name": "Oldest",
-        "type": "number",
-        "jsonPath": ".status.backlog.oldestPendingAgeSeconds",
-        "description": "Age in seconds of the oldest pending message",
-    },
-    {
-        "name": "Dead",
-        "type": "integer",
-        "jsonPath": ".status.backlog.dead",
-        "description": "Dead letters",
-    },
-    {
-        "name": "SLA",
-        "type": "number",
-        "jsonPath": ".spec.sla.oldestPendingAgeSeconds",
-        "description": "Oldest pending age the pool is scaled to keep, in seconds",
-    },
-    {
-        "name": "Ready",
-        "type": "string",
-        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
-        "description": "Whether the pool is reconciled",
-    },
+    {"name": "Kinds", "type": "string", "jsonPath": ".status.kinds",
+     "description": "Message kinds the pool claims"},
+    {"name": "Ready", "type": "string", "jsonPath": f"{READY_STATUS}.status",
+     "description": "Whether the pool works: database, schema and workers"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas",
+     "description": "Replicas requested on the worker Deployment"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas",
+     "description": "Replicas the scaling policy asks for", "priority": 1},
+    {"name": "Pending", "type": "integer", "jsonPath": ".status.backlog.pending",
+     "description": "Pending messages"},
+    {"name": "Oldest", "type": "integer", "jsonPath": ".status.backlog.oldestPendingAgeSeconds",
+     "description": "Age in seconds of the oldest pending message"},
+    {"name": "SLA", "type": "integer", "jsonPath": ".spec.sla.oldestPendingAgeSeconds",
+     "description": "Oldest pending age in seconds the pool is scaled to keep"},
+    {"name": "Dead", "type": "integer", "jsonPath": ".status.backlog.dead",
+     "description": "Dead letters", "priority": 1},
+    {"name": "Mode", "type": "string", "jsonPath": ".spec.scaling.mode",
+     "description": "Who sizes the pool: Operator or External", "priority": 1},
+    {"name": "Status", "type": "string", "jsonPath": f"{READY_STATUS}.message",
+     "description": "Why the pool is (not) ready", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-)
+)  # fmt: skip
+SCALE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +128,7 @@ def openapi_schema() -> dict[str, Any]:
         "type": "object",
         "description": PoolSpec.__doc__ or KIND,
         "required": ["spec"],
+        "x-kubernetes-validations": [rule.as_validation() for rule in POOL_RULES],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
@@ -186,7 +167,7 @@ def custom_resource_definition() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": dict(SCALE)},
                     "additionalPrinterColumns": [dict(c) for c in PRINTER_COLUMNS],
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }

@@ -6,27 +6,32 @@ per resource. Connections run in autocommit with a server-side statement timeout
 slow database costs one bounded query, never a stuck poll loop or an idle transaction.
 The DSN is read from the pool's Secret through the API and lives only in memory; every
 error that leaves this module is a `PollError` with a reason and a password-free message.
+The schema's migration version is checked against this release's on the first poll and
+then once a minute (every poll while it is wrong), so SchemaMissing and SchemaOutdated
+cost no query on the hot path.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from leasebox.db.connections import connection_error
+from leasebox.db.migrations import expected_schema_version
+from leasebox.db.queries import query
 from leasebox.errors import NotMigrated
 from leasebox.store.backlog import Backlog, fetch_backlog_async
-from leasebox_operator.kube import Kube, SecretError
+from leasebox_operator.errors import PollError, PoolProblem, SecretError
 from leasebox_operator.models import PoolSpec
-from leasebox_operator.polling import PollError
 from leasebox_operator.settings import OperatorSettings
 
 APPLICATION_NAME = "leasebox-operator"
 SECRET_TTL_SECONDS = 60.0
+SCHEMA_RECHECK_SECONDS = 60.0
 
 
 class ConnectionPools:
@@ -73,20 +78,35 @@ class ConnectionPools:
             raise await self._diagnose(dsn) from None
         except psycopg.errors.QueryCanceled:
             raise PollError(
-                "QueryTimeout",
                 f"the backlog query exceeded the {self.settings.statement_timeout_seconds:g}s "
                 "statement timeout",
+                "QueryTimeout",
             ) from None
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
-            raise PollError("SchemaMissing", str(NotMigrated(schema))) from None
+            raise PollError(str(NotMigrated(schema)), "SchemaMissing") from None
         except psycopg.OperationalError as exc:
-            raise PollError("ConnectionFailed", str(connection_error(dsn, exc))) from None
+            raise PollError(str(connection_error(dsn, exc)), "ConnectionFailed") from None
         except psycopg.Error as exc:
             raise PollError(
-                "QueryFailed",
                 f"the backlog query failed: {type(exc).__name__} "
                 f"(SQLSTATE {exc.sqlstate or 'unknown'})",
+                "QueryFailed",
             ) from None
+
+    async def schema_version(self, dsn: str, schema: str) -> int | None:
+        """The newest migration applied to `schema`, or None when it does not exist."""
+        pool = await self._pool(dsn)
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute(query("schema_version", schema))
+                row = await cur.fetchone()
+        except PoolTimeout:
+            raise await self._diagnose(dsn) from None
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return None
+        except psycopg.OperationalError as exc:
+            raise PollError(str(connection_error(dsn, exc)), "ConnectionFailed") from None
+        return int(row[0]) if row else 0
 
     async def _diagnose(self, dsn: str) -> PollError:
         """Why the pool has no connection: one direct attempt names the real cause."""
@@ -97,11 +117,11 @@ class ConnectionPools:
                 application_name=APPLICATION_NAME,
             )
         except psycopg.Error as exc:
-            return PollError("ConnectionFailed", str(connection_error(dsn, exc)))
+            return PollError(str(connection_error(dsn, exc)), "ConnectionFailed")
         await conn.close()
         return PollError(
-            "ConnectionFailed",
             f"no database connection within {self.settings.connect_timeout_seconds:g}s",
+            "ConnectionFailed",
         )
 
     async def close(self) -> None:
@@ -110,16 +130,23 @@ class ConnectionPools:
             await pool.close()
 
 
+class SecretReader(Protocol):
+    """Where the DSN comes from (`kube.Kube` reads it from the pool's Secret)."""
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str: ...
+
+
 class DatabaseBacklogSource:
     """One pool's backlog: DSN from its Secret (cached briefly), query via the shared pools."""
 
-    def __init__(self, kube: Kube, namespace: str, pools: ConnectionPools) -> None:
+    def __init__(self, kube: SecretReader, namespace: str, pools: ConnectionPools) -> None:
         self.kube = kube
         self.namespace = namespace
         self.pools = pools
         self._dsn: str | None = None
         self._ref: tuple[str, str] | None = None
         self._read_at = 0.0
+        self._schema_checked_at: float | None = None
 
     async def _resolve(self, spec: PoolSpec) -> str:
         ref = (spec.database.secret_ref.name, spec.database.secret_ref.key)
@@ -129,16 +156,33 @@ class DatabaseBacklogSource:
         try:
             dsn = await self.kube.secret_value(self.namespace, *ref)
         except SecretError as exc:
-            raise PollError(exc.reason, exc.message) from None
+            raise PollError(exc.message, exc.reason) from None
         try:
             conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError:
             raise PollError(
-                "InvalidDSN",
                 f"key {ref[1]!r} of Secret {self.namespace}/{ref[0]} is not a PostgreSQL DSN",
+                "InvalidDSN",
             ) from None
         self._dsn, self._ref, self._read_at = dsn.strip(), ref, time.monotonic()
         return self._dsn
+
+    async def check_schema(self, spec: PoolSpec) -> PoolProblem | None:
+        """SchemaMissing or SchemaOutdated (with the fix in the message), or None."""
+        checked = self._schema_checked_at
+        if checked is not None and time.monotonic() - checked < SCHEMA_RECHECK_SECONDS:
+            return None
+        dsn = await self._resolve(spec)
+        schema = spec.database.schema_name
+        try:
+            applied = await self.pools.schema_version(dsn, schema)
+        except PollError:
+            self._dsn = None
+            raise
+        needed = expected_schema_version()
+        problem = schema_problem(schema, applied, needed, spec.database.migrations)
+        self._schema_checked_at = None if problem else time.monotonic()
+        return problem
 
     async def fetch(self, spec: PoolSpec, window_seconds: float) -> Backlog:
         dsn = await self._resolve(spec)
@@ -149,3 +193,22 @@ class DatabaseBacklogSource:
         except PollError:
             self._dsn = None  # a rotated Secret is picked up on the next try
             raise
+
+
+def schema_problem(schema: str, applied: int | None, needed: int, mode: str) -> PoolProblem | None:
+    """What a schema at migration `applied` (None: absent) means for a pool, with the fix."""
+    if applied is not None and applied >= needed:
+        return None
+    fix = (
+        "the workers' migrate init container applies the migrations when a worker starts"
+        if mode == "Auto"
+        else f"run `leasebox migrate --schema {schema}` against the pool's database, or set "
+        "spec.database.migrations: Auto"
+    )
+    if applied is None:
+        return PoolProblem(f"the leasebox schema {schema!r} does not exist; {fix}", "SchemaMissing")
+    return PoolProblem(
+        f"the leasebox schema {schema!r} is at migration {applied}, this release needs "
+        f"{needed}; {fix}",
+        "SchemaOutdated",
+    )

@@ -2,34 +2,38 @@
 
 `kopf run -m leasebox_operator.handlers` (or `leasebox operator`) loads this module. Each
 handler parses the pool, delegates (children to `reconcile`, backlog and scaling to
-`polling`) and reports through the pool's single `StatusWriter`. A spec the models reject
-is reported as `Ready=False` with the reason and left alone until it changes: a bad
-spec never becomes a retry loop or a crashing daemon.
+`polling`) and reports through the pool's single `StatusWriter` and one Event per fact.
+A spec the models reject is reported as `Ready=False` with the reason and left alone
+until it changes: a bad spec never becomes a retry loop or a crashing daemon. The poll
+loop applies the children again every resync period, so a Deployment edited by hand is
+put back even when its pool does not change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from leasebox_operator import reconcile
-from leasebox_operator.children import Pool
-from leasebox_operator.conditions import READY, ConditionUpdate
+from leasebox_operator.children import Pool, selector
+from leasebox_operator.connection import KubeConnection
 from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
-from leasebox_operator.kube import Kube, PoolKubeAdapter, SecretError, resource_path
+from leasebox_operator.errors import PoolProblem
+from leasebox_operator.kube import Kube, PoolKubeAdapter
 from leasebox_operator.metrics import OperatorMetrics
-from leasebox_operator.models import API_VERSION, GROUP, PLURAL, VERSION
+from leasebox_operator.models import GROUP, PLURAL, VERSION
 from leasebox_operator.polling import PoolPoller, backoff_delay
 from leasebox_operator.settings import OperatorSettings
 from leasebox_operator.status import StatusWriter
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 INVALID_SPEC_RECHECK_SECONDS = 5.0
-SECRET_RECHECK_SECONDS = 30.0
+PROBLEM_RECHECK_SECONDS = 30.0
 logger = logging.getLogger("leasebox_operator")
 
 
@@ -38,35 +42,56 @@ class Runtime:
     """What every pool's handlers share for the life of the operator."""
 
     settings: OperatorSettings
-    kopf_settings: kopf.OperatorSettings
     metrics: OperatorMetrics
     pools: ConnectionPools
+    connection: KubeConnection
 
     def kube(self) -> Kube:
-        return Kube(self.kopf_settings, logger)
+        return Kube(self.connection.api, instance=self.settings.identity)
 
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
-    """Finalizer, annotations and Event posting under `leasebox.dev`, set in one place."""
+    """Finalizer, annotations and peering under `leasebox.dev`; kopf posts no Events."""
     prefix = ours.annotation_prefix
     settings.persistence.finalizer = ours.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=prefix, key="last-handled-configuration"
     )
-    settings.posting.level = logging.WARNING
-    settings.posting.reporting_component = "leasebox-operator"
+    settings.posting.enabled = False  # the operator posts its own, one per fact
     settings.networking.error_backoffs = ours.api_backoffs
     settings.execution.max_workers = 4
+    settings.peering.lifetime = ours.peering_lifetime_seconds
+
+
+def _connection(memo: kopf.Memo) -> KubeConnection:
+    connection: KubeConnection = memo.setdefault("connection", KubeConnection())
+    return connection
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ours = memo.get("settings") or OperatorSettings.from_environ()
     configure_kopf(settings, ours)
+    connection = _connection(memo)
+    connection.identity = ours.identity
     metrics = OperatorMetrics()
     metrics.serve(ours.metrics_port, ours.metrics_host)
-    memo["runtime"] = Runtime(ours, settings, metrics, ConnectionPools(ours))
+    memo["runtime"] = Runtime(ours, metrics, ConnectionPools(ours), connection)
+    if not ours.standalone:
+        # Peers meet in kopf's peering object; it must exist before kopf's first keep-alive.
+        await connection.login(trust_env=settings.networking.trust_env)
+        kube = Kube(connection.api, instance=ours.identity)
+        literal = [ns for ns in ours.namespaces if not any(c in ns for c in "*?[")]
+        for namespace in [None] if ours.clusterwide else literal:
+            if await kube.ensure_peering(ours.peering_name, namespace):
+                logger.info("created kopf peering %s in %s", ours.peering_name, namespace)
+
+
+@kopf.on.login()
+async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """One login for kopf and the official client (kopf calls it again after a 401)."""
+    return await _connection(memo).login(trust_env=settings.networking.trust_env)
 
 
 @kopf.on.cleanup()
@@ -75,6 +100,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if runtime is not None:
         await runtime.pools.close()
         runtime.metrics.close()
+    await _connection(memo).close()
 
 
 def _runtime(memo: kopf.Memo) -> Runtime:
@@ -86,73 +112,63 @@ def _writer(memo: kopf.Memo, runtime: Runtime, body: kopf.Body) -> StatusWriter:
     """The pool's one status writer, created on first use from the stored status."""
     writer: StatusWriter | None = memo.get("status_writer")
     if writer is None:
-        kube = runtime.kube()
-        path = resource_path(
-            API_VERSION, PLURAL, body.metadata.namespace, body.metadata.name, "status"
-        )
+        namespace, name = body.metadata.namespace or "", body.metadata.name or ""
 
         async def patch_status(patch: dict[str, Any]) -> None:
-            await kube.merge_patch(path, {"status": patch})
+            await runtime.kube().patch_pool_status(namespace, name, patch)
 
         writer = StatusWriter(patch_status, dict(body.get("status") or {}))
         memo["status_writer"] = writer
     return writer
 
 
-async def _report_invalid(
-    writer: StatusWriter, body: kopf.Body, message: str, generation: int | None
+async def _report(
+    runtime: Runtime, writer: StatusWriter, body: kopf.Body, problem: PoolProblem | None
 ) -> None:
+    """Ready's spec part, and one Event when it turns into a (new) problem."""
+    generation = body.metadata.get("generation")
+    before = writer.problems.get("spec")
+    part = None if problem is None else (problem.reason, problem.message)
     await writer.write(
-        {"observedGeneration": generation},
-        [ConditionUpdate.of(READY, False, "InvalidSpec", message)],
-        generation=generation,
+        {"observedGeneration": generation}, generation=generation, problems={"spec": part}
     )
-    kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+    if problem is not None and part != before:
+        await runtime.kube().post_event(body, "Warning", problem.reason, problem.message)
+
+
+async def _reconcile(runtime: Runtime, body: kopf.Body, pool: Pool, writer: StatusWriter) -> None:
+    """Check the Secrets, apply the children, report; raises `PoolProblem`."""
+    kube = runtime.kube()
+    await reconcile.check_secrets(kube, pool)
+    settings = runtime.settings
+    applied = await reconcile.apply_children(
+        kube, body, pool, settings.worker_image, settings.runbook_base_url
+    )
+    if applied.changed:
+        await kube.post_event(body, "Normal", "Reconciled", applied.summary())
+    for warning in applied.warnings:
+        await kube.post_event(body, "Warning", "MonitoringUnavailable", warning)
+    await writer.write({"selector": selector(pool), "kinds": ", ".join(pool.spec.kinds)})
 
 
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE, field="spec")
 async def reconcile_pool(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Create or patch the pool's children and report `Ready`."""
+    """Apply the pool's children and report the spec part of `Ready`."""
     runtime = _runtime(memo)
     writer = _writer(memo, runtime, body)
-    generation = body.metadata.get("generation")
     try:
         pool = reconcile.parse_pool(body)
-    except reconcile.InvalidSpec as exc:
-        await _report_invalid(writer, body, exc.message, generation)
+    except PoolProblem as exc:
+        await _report(runtime, writer, body, exc)
         return
-    kube = runtime.kube()
     try:
-        await reconcile.check_secrets(kube, pool)
-    except SecretError as exc:
-        await writer.write(
-            {"observedGeneration": generation},
-            [ConditionUpdate.of(READY, False, exc.reason, exc.message)],
-            generation=generation,
-        )
-        kopf.event(body, type="Warning", reason=exc.reason, message=exc.message)
-        raise kopf.TemporaryError(exc.message, delay=SECRET_RECHECK_SECONDS) from None
-    try:
-        applied = await reconcile.apply_children(kube, body, pool, runtime.settings.worker_image)
-    except reconcile.ChildConflict as exc:
-        await writer.write(
-            {"observedGeneration": generation},
-            [ConditionUpdate.of(READY, False, "ChildConflict", str(exc))],
-            generation=generation,
-        )
-        kopf.event(body, type="Warning", reason="ChildConflict", message=str(exc))
-        raise kopf.TemporaryError(str(exc), delay=SECRET_RECHECK_SECONDS) from None
-    if applied.changed:
-        kopf.event(body, type="Normal", reason="Reconciled", message=applied.summary())
-    for warning in applied.warnings:
-        kopf.event(body, type="Warning", reason="MonitoringUnavailable", message=warning)
-    await writer.write(
-        {"observedGeneration": generation},
-        [ConditionUpdate.of(READY, True, "Reconciled", applied.ready_message())],
-        generation=generation,
-    )
+        await _reconcile(runtime, body, pool, writer)
+    except PoolProblem as exc:
+        await _report(runtime, writer, body, exc)
+        raise kopf.TemporaryError(exc.message, delay=PROBLEM_RECHECK_SECONDS) from None
+    await _report(runtime, writer, body, None)
 
 
 @kopf.on.delete(*RESOURCE, optional=True)
@@ -168,33 +184,55 @@ async def poll_pool(
     """The pool's poll loop: one backlog query per interval, scaling only on change."""
     runtime = _runtime(memo)
     namespace, name = body.metadata.namespace or "", body.metadata.name or ""
-    kube = runtime.kube()
+    writer = _writer(memo, runtime, body)
     poller = PoolPoller(
         namespace=namespace,
         name=name,
-        kube=PoolKubeAdapter(kube, body, namespace, f"{name}-worker"),
-        source=DatabaseBacklogSource(kube, namespace, runtime.pools),
-        status=_writer(memo, runtime, body),
+        kube=PoolKubeAdapter(runtime.kube(), body, namespace, f"{name}-worker"),
+        source=DatabaseBacklogSource(runtime.kube(), namespace, runtime.pools),
+        status=writer,
         metrics=runtime.metrics,
         max_backoff_seconds=runtime.settings.max_poll_backoff_seconds,
     )
+    resynced = time.monotonic()
     while not stopped:
-        delay = await _poll(poller, kube, body, runtime)
+        resync = time.monotonic() - resynced >= runtime.settings.resync_seconds
+        delay = await _poll(poller, body, runtime, writer, resync=resync)
+        if resync:
+            resynced = time.monotonic()
         await stopped.wait(delay)
 
 
-async def _poll(poller: PoolPoller, kube: Kube, body: kopf.Body, runtime: Runtime) -> float:
+async def _resync(runtime: Runtime, body: kopf.Body, pool: Pool, writer: StatusWriter) -> None:
+    """Apply the children again; a problem is reported as the reconcile handler would."""
+    try:
+        await _reconcile(runtime, body, pool, writer)
+    except PoolProblem as exc:
+        await _report(runtime, writer, body, exc)
+    else:
+        await _report(runtime, writer, body, None)
+
+
+async def _poll(
+    poller: PoolPoller, body: kopf.Body, runtime: Runtime, writer: StatusWriter, *, resync: bool
+) -> float:
     """One iteration of the loop; never raises except to cancel."""
     try:
         pool: Pool = reconcile.parse_pool(body)
-    except reconcile.InvalidSpec:
+    except PoolProblem:
         return INVALID_SPEC_RECHECK_SECONDS  # the reconcile handler reports it
     try:
+        if resync:
+            await _resync(runtime, body, pool, writer)  # puts back drift made by hand
         delay = await poller.poll_once(pool.spec, body.metadata.get("generation"))
         if poller.deployment_missing:
-            await reconcile.apply_children(kube, body, pool, runtime.settings.worker_image)
+            await _resync(runtime, body, pool, writer)
     except asyncio.CancelledError:
         raise
+    except kopf.TemporaryError as exc:  # not logged in yet, or logged out while stopping
+        wait = float(exc.delay or 1)
+        logger.info("pool %s/%s: %s; polling again in %gs", pool.namespace, pool.name, exc, wait)
+        return wait
     except Exception:
         runtime.metrics.poll_failed(pool.namespace, pool.name)
         poller.failures += 1

@@ -1,162 +1,285 @@
-"""Thin Kubernetes API helpers on kopf's own authenticated client.
+"""The operator's Kubernetes calls, on the official client, as plain dicts.
 
-kopf already holds the credentials, the retry policy and the session, so the operator
-talks to the API through the same client instead of a second one with its own login.
-kopf keeps that client internal; this module is the only place that touches it (the kopf
-version is pinned), and everything above it sees plain dicts, `None` for "not found" and
-`SecretError` for a Secret that cannot be used.
+Everything the operator reads or writes besides what kopf itself watches goes through
+here: children are *applied* with server-side apply under one field manager (so drift
+made by hand is taken back on the next apply, and fields others own are left alone), the
+worker replicas change only through the Deployment's `scale` subresource, Secrets are
+read key by key, the pool's status is merge-patched, and Events are posted as the
+operator's own (kopf's are turned off). Callers see dicts, `None` for "not found" and
+`PoolProblem`s for what a person has to fix.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, cast
 
-import kopf
-from kopf._cogs.clients import api, errors
+from kubernetes.aio import client
 
+from leasebox_operator.errors import SecretError
+from leasebox_operator.models import GROUP, PLURAL, VERSION
 from leasebox_operator.polling import DeploymentState
 
-MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+FIELD_MANAGER = "leasebox-operator"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
 DISCOVERY_TTL_SECONDS = 300.0
+# Children of built-in kinds go through their typed API; the rest are custom objects.
+TYPED = {"Deployment": "deployment", "PodDisruptionBudget": "pod_disruption_budget"}
+CUSTOM = {"PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
 
 
-class SecretError(Exception):
-    """A referenced Secret or key is missing; the message names them, never a value."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-def resource_path(
-    api_version: str,
-    plural: str,
-    namespace: str | None = None,
-    name: str | None = None,
-    subresource: str | None = None,
-) -> str:
-    """`/api/v1/...` or `/apis/group/version/...` for a resource, object or subresource."""
-    parts = ["api", api_version] if "/" not in api_version else ["apis", api_version]
-    if namespace:
-        parts += ["namespaces", namespace]
-    parts.append(plural)
-    if name:
-        parts.append(name)
-    if subresource:
-        parts.append(subresource)
-    return "/" + "/".join(parts)
+def _missing(exc: client.ApiException) -> bool:
+    return bool(exc.status == 404)
 
 
 class Kube:
-    """GET/POST/PATCH/DELETE through kopf's client, inside a running operator."""
+    """The operator's API calls, on one `kubernetes.aio` API client."""
 
     _discovery: dict[str, tuple[float, frozenset[str]]] = {}
 
-    def __init__(self, settings: kopf.OperatorSettings, logger: logging.Logger | Any) -> None:
-        self.settings = settings
-        self.logger = logger
+    def __init__(self, api: Callable[[], client.ApiClient], *, instance: str = "") -> None:
+        """`api` returns the current client: a login after a 401 replaces it."""
+        self._api = api
+        self.component = FIELD_MANAGER
+        self.instance = instance or FIELD_MANAGER
 
-    async def get(self, path: str) -> dict[str, Any] | None:
-        try:
-            result: dict[str, Any] = await api.get(path, settings=self.settings, logger=self.logger)
-        except errors.APINotFoundError:
-            return None
-        return result
+    @property
+    def api(self) -> client.ApiClient:
+        return self._api()
 
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The created object, or None when one of that name already exists."""
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    @property
+    def policy(self) -> client.PolicyV1Api:
+        return client.PolicyV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        plain: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return plain
+
+    def _typed(self, kind: str) -> tuple[Any, str]:
+        api = self.apps if kind == "Deployment" else self.policy
+        return api, TYPED[kind]
+
+    async def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A child by kind, or None when it does not exist."""
         try:
-            result: dict[str, Any] = await api.post(
-                path, payload=dict(body), settings=self.settings, logger=self.logger
+            if kind in TYPED:
+                api, suffix = self._typed(kind)
+                found = await getattr(api, f"read_namespaced_{suffix}")(name, namespace)
+                return self._plain(found)
+            result = await self.custom.get_namespaced_custom_object(
+                "monitoring.coreos.com", "v1", namespace, CUSTOM[kind], name
             )
-        except errors.APIConflictError:
-            return None
-        return result
+        except client.ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+        return cast(dict[str, Any], result)
 
-    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await api.patch(
-            path,
-            payload=dict(patch),
-            headers=MERGE_PATCH,
-            settings=self.settings,
-            logger=self.logger,
-        )
-        return result
-
-    async def delete(self, path: str) -> bool:
-        """Delete; False when it was already gone."""
+    async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create a child (the creator owns every field); None when the name is taken."""
+        kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
         try:
-            await api.delete(path, settings=self.settings, logger=self.logger)
-        except errors.APINotFoundError:
-            return False
+            if kind in TYPED:
+                api, suffix = self._typed(kind)
+                made = await getattr(api, f"create_namespaced_{suffix}")(
+                    namespace, dict(manifest), field_manager=FIELD_MANAGER
+                )
+                return self._plain(made)
+            result = await self.custom.create_namespaced_custom_object(
+                "monitoring.coreos.com", "v1", namespace, CUSTOM[kind], dict(manifest),
+                field_manager=FIELD_MANAGER,
+            )  # fmt: skip
+        except client.ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+        return cast(dict[str, Any], result)
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply a child under the operator's field manager, forcing ownership."""
+        kind, meta = manifest["kind"], manifest["metadata"]
+        options: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY
+        }  # fmt: skip
+        if kind in TYPED:
+            api, suffix = self._typed(kind)
+            applied = await getattr(api, f"patch_namespaced_{suffix}")(
+                meta["name"], meta["namespace"], dict(manifest), **options
+            )
+            return self._plain(applied)
+        result = await self.custom.patch_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", meta["namespace"], CUSTOM[kind], meta["name"],
+            dict(manifest), **options,
+        )  # fmt: skip
+        return cast(dict[str, Any], result)
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete a child; False when it was already gone."""
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                "monitoring.coreos.com", "v1", namespace, CUSTOM[kind], name
+            )
+        except client.ApiException as exc:
+            if _missing(exc):
+                return False
+            raise
         return True
+
+    async def scale(self, namespace: str, deployment: str, replicas: int) -> None:
+        """Set the Deployment's replicas through its `scale` subresource."""
+        await self.apps.patch_namespaced_deployment_scale(
+            deployment, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
+        )
 
     async def serves(self, api_version: str, plural: str) -> bool:
         """Whether the cluster serves `plural` in `api_version` (e.g. a PodMonitor CRD)."""
         cached = self._discovery.get(api_version)
         if cached is None or time.monotonic() - cached[0] > DISCOVERY_TTL_SECONDS:
+            group, _, version = api_version.rpartition("/")
             try:
-                listing = await api.get(
-                    f"/apis/{api_version}", settings=self.settings, logger=self.logger
-                )
-            except errors.APIClientError:
-                listing = {}
-            names = frozenset(r.get("name", "") for r in (listing or {}).get("resources", []))
+                listing = await self.custom.get_api_resources(group, version)
+                names = frozenset(r.name for r in listing.resources or ())
+            except client.ApiException as exc:
+                if not _missing(exc):
+                    raise
+                names = frozenset()
             cached = (time.monotonic(), names)
             self._discovery[api_version] = cached
         return plural in cached[1]
 
+    async def _secret(self, namespace: str, name: str) -> Any:
+        try:
+            return await self.core.read_namespaced_secret(name, namespace)
+        except client.ApiException as exc:
+            if _missing(exc):
+                raise SecretError(f"Secret {namespace}/{name} does not exist") from None
+            if exc.status == 403:
+                raise SecretError(
+                    f"the operator may not read Secret {namespace}/{name} (add it to the "
+                    "chart's rbac.secretNames)",
+                    "SecretForbidden",
+                ) from None
+            raise
+
     async def secret_keys(self, namespace: str, name: str) -> frozenset[str]:
         """The keys of a Secret (not their values); `SecretError` when it does not exist."""
-        secret = await self.get(resource_path("v1", "secrets", namespace, name))
-        if secret is None:
-            raise SecretError("SecretNotFound", f"Secret {namespace}/{name} does not exist")
-        return frozenset([*(secret.get("data") or {}), *(secret.get("stringData") or {})])
+        secret = await self._secret(namespace, name)
+        return frozenset([*(secret.data or {}), *(secret.string_data or {})])
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         """One key of a Secret, decoded; `SecretError` when the Secret or the key is missing."""
-        secret = await self.get(resource_path("v1", "secrets", namespace, name))
-        if secret is None:
-            raise SecretError("SecretNotFound", f"Secret {namespace}/{name} does not exist")
-        data = secret.get("data") or {}
-        string_data = secret.get("stringData") or {}
+        secret = await self._secret(namespace, name)
+        data, string_data = secret.data or {}, secret.string_data or {}
         if key in data:
             try:
                 return base64.b64decode(data[key], validate=True).decode()
             except (binascii.Error, UnicodeDecodeError):
                 raise SecretError(
-                    "SecretKeyInvalid", f"key {key!r} of Secret {namespace}/{name} is not text"
+                    f"key {key!r} of Secret {namespace}/{name} is not text", "SecretKeyInvalid"
                 ) from None
         if key in string_data:
             return str(string_data[key])
-        raise SecretError("SecretKeyMissing", f"Secret {namespace}/{name} has no key {key!r}")
+        raise SecretError(f"Secret {namespace}/{name} has no key {key!r}", "SecretKeyMissing")
+
+    async def patch_pool_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        await self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)},
+            field_manager=FIELD_MANAGER, _content_type=MERGE,
+        )  # fmt: skip
+
+    async def post_event(
+        self, involved: Mapping[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        """One core/v1 Event about `involved` (a resource body), as the operator's."""
+        meta = involved.get("metadata") or {}
+        now = datetime.now(UTC)
+        namespace = meta.get("namespace") or "default"
+        event: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{meta.get('name', 'pool')}.",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance[:128],
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "count": 1,
+        }
+        await self.core.create_namespaced_event(namespace, event)
+
+    async def ensure_peering(self, name: str, namespace: str | None) -> bool:
+        """Create kopf's peering object when missing (peers talk through it); True if made."""
+        body = {"apiVersion": "kopf.dev/v1", "metadata": {"name": name}}
+        try:
+            if namespace is None:
+                body["kind"] = "ClusterKopfPeering"
+                await self.custom.create_cluster_custom_object(
+                    "kopf.dev", "v1", "clusterkopfpeerings", body
+                )
+            else:
+                body["kind"] = "KopfPeering"
+                await self.custom.create_namespaced_custom_object(
+                    "kopf.dev", "v1", namespace, "kopfpeerings", body
+                )
+        except client.ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
 
 class PoolKubeAdapter:
     """The poll loop's view of Kubernetes for one pool (implements `polling.PoolKube`)."""
 
-    def __init__(self, kube: Kube, body: Any, namespace: str, deployment: str) -> None:
+    def __init__(self, kube: Kube, body: Mapping[str, Any], namespace: str, deployment: str):
         self.kube = kube
         self.body = body
-        self.path = resource_path("apps/v1", "deployments", namespace, deployment)
+        self.namespace = namespace
+        self.deployment = deployment
 
     async def read_deployment(self) -> DeploymentState | None:
-        found = await self.kube.get(self.path)
+        found = await self.kube.read("Deployment", self.namespace, self.deployment)
         if found is None:
             return None
+        status = found.get("status") or {}
         return DeploymentState(
             replicas=int((found.get("spec") or {}).get("replicas") or 0),
-            ready_replicas=int((found.get("status") or {}).get("readyReplicas") or 0),
+            ready_replicas=int(status.get("readyReplicas") or 0),
+            available_replicas=int(status.get("availableReplicas") or 0),
         )
 
     async def scale(self, replicas: int) -> None:
-        await self.kube.merge_patch(self.path, {"spec": {"replicas": replicas}})
+        await self.kube.scale(self.namespace, self.deployment, replicas)
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        kopf.event(self.body, type=type_, reason=reason, message=message)
+    async def event(self, type_: str, reason: str, message: str) -> None:
+        await self.kube.post_event(self.body, type_, reason, message)

@@ -4,8 +4,10 @@ The chart's alert rules and the per-pool PrometheusRule are written against thes
 so they are fixed here and nowhere else. Pool metrics carry `namespace` and `pool` labels
 (never a recipient, a kind list or anything secret). The oldest pending message is
 exported as a timestamp rather than an age, so an alert computes `time() - x` and keeps
-firing when the operator itself stops polling. The registry is private to one operator
-run, so several runs in one process (tests) do not collide.
+firing when the operator itself stops polling. Rates are counters (PromQL computes the
+rate), and the registry carries `leasebox_build_info` and the process metrics like the
+worker's. The registry is private to one operator run, so several runs in one process
+(tests) do not collide.
 """
 
 from __future__ import annotations
@@ -13,9 +15,19 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 from leasebox.store.backlog import Backlog
+from leasebox.version import __version__
 
 POOL_LABELS = ("namespace", "pool")
 MESSAGE_STATES = ("pending", "ready", "processing", "dead", "expired_leases")
@@ -67,14 +79,12 @@ class OperatorMetrics:
             POOL_LABELS,
             registry=r,
         )
-        self.arrival_rate = Gauge(
-            "leasebox_pool_arrival_per_second",
-            "Messages created per second",
+        self.arrivals = Counter(
+            "leasebox_pool_arrivals",
+            "Messages created for the pool's kinds, as the backlog polls estimate them "
+            "(sends plus growth of the pending count)",
             POOL_LABELS,
             registry=r,
-        )
-        self.sent_rate = Gauge(
-            "leasebox_pool_sent_per_second", "Messages sent per second", POOL_LABELS, registry=r
         )
         self.database_reachable = Gauge(
             "leasebox_pool_database_reachable",
@@ -106,6 +116,16 @@ class OperatorMetrics:
             POOL_LABELS,
             registry=r,
         )
+        self.build_info = Gauge(
+            "leasebox_build_info",
+            "Always 1; the labels name the running version",
+            ("version", "component"),
+            registry=r,
+        )
+        self.build_info.labels(__version__, "operator").set(1)
+        ProcessCollector(registry=r)
+        r.register(PLATFORM_COLLECTOR)
+        r.register(GC_COLLECTOR)
         self._server: Any = None
 
     def observe_spec(
@@ -124,10 +144,12 @@ class OperatorMetrics:
         self.paused.labels(namespace, pool).set(1 if paused else 0)
         # A counter exists from 0 so that the first error shows up in rate() and increase().
         self.poll_errors.labels(namespace, pool)
+        self.arrivals.labels(namespace, pool)
 
     def observe_backlog(
-        self, namespace: str, pool: str, backlog: Backlog, *, arrival_per_second: float
+        self, namespace: str, pool: str, backlog: Backlog, *, arrived: float
     ) -> None:
+        """Record one poll; `arrived` is the estimate of messages created since the last."""
         counts = {
             "pending": backlog.pending,
             "ready": backlog.ready,
@@ -139,8 +161,7 @@ class OperatorMetrics:
             self.messages.labels(namespace, pool, state).set(count)
         oldest = backlog.oldest_pending_created_at or backlog.observed_at
         self.oldest_pending_timestamp.labels(namespace, pool).set(oldest.timestamp())
-        self.arrival_rate.labels(namespace, pool).set(arrival_per_second)
-        self.sent_rate.labels(namespace, pool).set(backlog.sent_per_second)
+        self.arrivals.labels(namespace, pool).inc(max(0.0, arrived))
         self.database_reachable.labels(namespace, pool).set(1)
 
     def observe_replicas(
@@ -167,8 +188,7 @@ class OperatorMetrics:
             self.min_replicas,
             self.max_replicas,
             self.sla_seconds,
-            self.arrival_rate,
-            self.sent_rate,
+            self.arrivals,
             self.database_reachable,
             self.paused,
             self.poll_errors,

@@ -3,31 +3,23 @@
 The CRD in `crds/` is generated from these classes (`leasebox_operator.crd`), and the
 operator validates every spec it reads with them, so the API server and the operator agree
 on what a pool is. Python names are snake_case; the resource speaks camelCase through
-aliases. Rules that relate two fields (`minReplicas <= maxReplicas`) are declared once as
-`CelRule`s: the CRD carries them as `x-kubernetes-validations`, and the model checks the
-same predicate, so a cluster without CEL (or a test without a cluster) rejects the same
-specs.
+aliases. Spec numbers are integers (seconds, percents, counts), as the API conventions
+ask; rules that relate fields are `CelRule`s, carried by the CRD and checked here alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
-from pydantic.alias_generators import to_camel
+from pydantic import Field, StringConstraints, field_validator
 
+from leasebox.db.connections import DSN_VARIABLES
 from leasebox.messages import KIND_PATTERN
+from leasebox.producer.payload_crypto import KEYS_VARIABLE
+from leasebox.runtime import options
+from leasebox_operator.kubetypes import EnvFromSource, EnvVar, PodTemplate, VolumeMount
+from leasebox_operator.modelling import CelRule, Model, Quantity, ResourceName, cel
 
 GROUP = "leasebox.dev"
 VERSION = "v1alpha1"
@@ -37,62 +29,56 @@ SINGULAR = "outboxworkerpool"
 SHORT_NAMES = ("owp",)
 API_VERSION = f"{GROUP}/{VERSION}"
 
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DATA_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
 CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
-QUANTITY = r"^[+]?[0-9.]+([eE][-+]?[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+MAX_NAME_LENGTH = 56  # leaves room for "-worker" in a 63-character label value
+TEMPLATES_DIR = "/etc/leasebox/templates"
+# The worker settings the operator decides from a pool's spec (`children.worker_env`), from
+# the worker's own table, so the names it writes are the names the worker reads.
+OPERATOR_SETTINGS = (
+    options.SCHEMA, options.KINDS, options.CONCURRENCY, options.LEASE_SECONDS, options.GRACE,
+    options.MAX_ATTEMPTS, options.BACKOFF_BASE, options.BACKOFF_MAX, options.METRICS_PORT,
+    options.LOG_FORMAT, options.TEMPLATES,
+)  # fmt: skip
+# Secrets reach the worker by reference under these names.
+DSN_VARIABLE = DSN_VARIABLES[0]
+PROVIDER_VARIABLE = options.PROVIDER.variable
+PAYLOAD_KEYS_VARIABLE = KEYS_VARIABLE
+# Names the operator gives the worker container and pod; a pool may not take them.
+RESERVED_ENV = (
+    DSN_VARIABLE,
+    PROVIDER_VARIABLE,
+    *(option.variable for option in OPERATOR_SETTINGS),
+    PAYLOAD_KEYS_VARIABLE,
+)
+RESERVED_VOLUMES = ("tmp", "templates")
+RESERVED_MOUNT_PATHS = ("/tmp", TEMPLATES_DIR)  # noqa: S108 (an emptyDir)
+RESERVED_LABELS = (
+    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+    "leasebox.dev/pool",
+)  # fmt: skip
 
-Kind = Annotated[str, StringConstraints(pattern=KIND_PATTERN)]
-ResourceName = Annotated[
-    str, StringConstraints(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
-]
+Kind = Annotated[str, StringConstraints(pattern=KIND_PATTERN, max_length=63)]
 DataKey = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=DATA_KEY_PATTERN)]
-Quantity = Annotated[
-    int | str,
-    WithJsonSchema(
-        {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+# Rules on the whole object: CEL sees `self.metadata.name` at the root of a CRD.
+POOL_RULES: tuple[CelRule, ...] = (
+    CelRule(
+        f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+        f"metadata.name: at most {MAX_NAME_LENGTH} characters (it names the worker "
+        "Deployment and labels its pods)",
+        lambda body: len(str((body.get("metadata") or {}).get("name") or "")) <= MAX_NAME_LENGTH,
     ),
-]
+)
 
 
-@dataclass(frozen=True)
-class CelRule:
-    """A cross-field rule: CEL for the API server, a Python predicate for the operator."""
-
-    rule: str
-    message: str
-    check: Callable[[Any], bool]
-
-    def as_validation(self) -> dict[str, str]:
-        return {"rule": self.rule, "message": self.message}
-
-
-def _cel(rules: tuple[CelRule, ...]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [r.as_validation() for r in rules]}
-
-
-class _Model(BaseModel):
-    """camelCase on the wire, unknown fields refused, attribute docstrings as descriptions."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_attribute_docstrings=True,
-    )
-    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
-
-    @model_validator(mode="after")
-    def _check_cel_rules(self) -> _Model:
-        for rule in self.cel_rules:
-            if not rule.check(self):
-                raise ValueError(rule.message)
-        return self
-
-
-class SecretKeyRef(_Model):
+class SecretKeyRef(Model):
     """A key of a Secret in the pool's namespace; only a reference, never its value."""
 
     name: ResourceName
@@ -122,8 +108,8 @@ class PayloadKeysSecretRef(SecretKeyRef):
     """Key inside the Secret holding the keys."""
 
 
-class DatabaseSpec(_Model):
-    """Where the outbox lives."""
+class DatabaseSpec(Model):
+    """Where the outbox lives, and who migrates its schema."""
 
     secret_ref: DatabaseSecretRef
     """Secret holding the DSN; workers get it by reference, the operator reads it to poll."""
@@ -131,24 +117,28 @@ class DatabaseSpec(_Model):
         "leasebox", alias="schema"
     )
     """PostgreSQL schema holding the leasebox tables."""
+    migrations: Literal["Auto", "Manual"] = "Auto"
+    """Auto: every worker pod runs `leasebox migrate` in an init container before it starts
+    (an advisory lock serialises concurrent runs). Manual: you migrate in your own pipeline;
+    the pool reports SchemaMissing or SchemaOutdated until you do."""
 
 
-class ProviderSpec(_Model):
+class ProviderSpec(Model):
     """How workers send mail."""
 
     secret_ref: ProviderSecretRef
     """Secret holding the provider URL."""
 
 
-class SLASpec(_Model):
+class SLASpec(Model):
     """The promise the pool is scaled to keep."""
 
-    oldest_pending_age_seconds: float = Field(60.0, gt=0, le=86400)
-    """Age, from creation, the oldest pending message may reach."""
+    oldest_pending_age_seconds: int = Field(60, ge=1, le=86400)
+    """Age in seconds, from creation, the oldest pending message may reach."""
 
 
-class ScalingSpec(_Model):
-    """How the operator sizes the worker Deployment."""
+class ScalingSpec(Model):
+    """How the worker Deployment is sized."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
@@ -157,29 +147,33 @@ class ScalingSpec(_Model):
             lambda s: s.min_replicas <= s.max_replicas,
         ),
     )
-    model_config = ConfigDict(json_schema_extra=_cel(cel_rules))
+    model_config = cel(cel_rules)
 
+    mode: Literal["Operator", "External"] = "Operator"
+    """Operator: the operator sizes the pool to meet its SLA. External: an HPA or a KEDA
+    ScaledObject (or `kubectl scale`) sets spec.replicas through the pool's scale
+    subresource; the operator applies it within min/max and still reports the backlog."""
     min_replicas: int = Field(1, ge=0, le=1000)
     """Fewest workers; 0 lets an idle pool scale to zero."""
     max_replicas: int = Field(10, ge=1, le=1000)
     """Most workers."""
-    poll_interval_seconds: float = Field(5.0, ge=0.1, le=3600)
-    """How often the backlog is read and the replicas decided."""
-    scale_down_stabilization_seconds: float = Field(120.0, ge=0, le=86400)
-    """A scale-down goes only to the highest recommendation made within this window."""
+    poll_interval_seconds: int = Field(5, ge=1, le=3600)
+    """Seconds between backlog reads and scaling decisions."""
+    scale_down_stabilization_seconds: int = Field(120, ge=0, le=86400)
+    """A scale-down goes only to the highest recommendation made within this many seconds."""
     max_scale_up_step: int | None = Field(None, ge=1, le=1000)
     """Most pods one decision adds; unset is unbounded."""
     max_scale_down_step: int | None = Field(None, ge=1, le=1000)
     """Most pods one decision removes; unset is unbounded."""
-    initial_worker_throughput: float = Field(50.0, gt=0, le=100000)
+    initial_worker_throughput: int = Field(50, ge=1, le=100000)
     """Messages per second one worker is assumed to send until it has been measured."""
-    startup_seconds: float = Field(20.0, ge=0, le=3600)
-    """Expected delay between asking for a pod and its first send."""
-    backlog_budget_fraction: float = Field(0.5, gt=0, lt=1)
-    """Fraction of the SLA the ready backlog may spend waiting."""
+    startup_seconds: int = Field(20, ge=0, le=3600)
+    """Expected seconds between asking for a pod and its first send."""
+    backlog_budget_percent: int = Field(50, ge=1, le=99)
+    """Percent of the SLA the ready backlog may spend waiting."""
 
 
-class ResourceRequirements(_Model):
+class ResourceRequirements(Model):
     """Compute resources of a worker container."""
 
     requests: dict[str, Quantity] = Field(default_factory=dict)
@@ -194,7 +188,33 @@ def _default_resources() -> ResourceRequirements:
     )
 
 
-class WorkerSpec(_Model):
+def _env_free(worker: WorkerSpec) -> bool:
+    return all(e.name not in RESERVED_ENV for e in worker.env or ())
+
+
+def _mounts_known(worker: WorkerSpec) -> bool:
+    spec = worker.pod_template.spec if worker.pod_template else None
+    volumes = {v.name for v in (spec.volumes if spec and spec.volumes else ())}
+    return all(m.name in volumes for m in worker.volume_mounts or ())
+
+
+def _names_free(worker: WorkerSpec) -> bool:
+    template = worker.pod_template
+    volumes = template.spec.volumes if template and template.spec else None
+    labels = template.metadata.labels if template and template.metadata else None
+    return (
+        all(v.name not in RESERVED_VOLUMES for v in volumes or ())
+        and all(m.mount_path not in RESERVED_MOUNT_PATHS for m in worker.volume_mounts or ())
+        and all(key not in RESERVED_LABELS for key in labels or {})
+    )
+
+
+_VOLUMES = "self.podTemplate.spec.volumes"
+_HAS_VOLUMES = f"has(self.podTemplate) && has(self.podTemplate.spec) && has({_VOLUMES})"
+_LABELS = "self.podTemplate.metadata.labels"
+
+
+class WorkerSpec(Model):
     """The worker pods."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
@@ -203,8 +223,31 @@ class WorkerSpec(_Model):
             "backoffBaseSeconds must not exceed backoffMaxSeconds",
             lambda w: w.backoff_base_seconds <= w.backoff_max_seconds,
         ),
+        CelRule(
+            f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}))",
+            "env must not set a variable the operator sets (LEASEBOX_DSN, LEASEBOX_KINDS, ...): "
+            "use the pool's own fields for them",
+            _env_free,
+        ),
+        CelRule(
+            f"!has(self.volumeMounts) || self.volumeMounts.all(m, {_HAS_VOLUMES} && "
+            f"{_VOLUMES}.exists(v, v.name == m.name))",
+            "every volumeMounts[].name must name a volume of podTemplate.spec.volumes",
+            _mounts_known,
+        ),
+        CelRule(
+            f"(!has(self.volumeMounts) || self.volumeMounts.all(m, !(m.mountPath in "
+            f"{_cel_list(RESERVED_MOUNT_PATHS)}))) && (!({_HAS_VOLUMES}) || {_VOLUMES}.all(v, "
+            f"!(v.name in {_cel_list(RESERVED_VOLUMES)}))) && (!has(self.podTemplate) || "
+            f"!has(self.podTemplate.metadata) || !has({_LABELS}) || {_LABELS}.all(k, "
+            f"!(k in {_cel_list(RESERVED_LABELS)})))",
+            "the volumes tmp and templates, the mount paths /tmp and "
+            f"{TEMPLATES_DIR} and the pod labels {', '.join(RESERVED_LABELS)} are the "
+            "operator's",
+            _names_free,
+        ),
     )
-    model_config = ConfigDict(json_schema_extra=_cel(cel_rules))
+    model_config = cel(cel_rules)
 
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
     """Worker image; unset uses the operator's default worker image."""
@@ -212,16 +255,16 @@ class WorkerSpec(_Model):
     """Image pull policy; unset uses the Kubernetes default."""
     concurrency: int = Field(32, ge=1, le=1024)
     """In-flight sends per worker process."""
-    lease_seconds: float = Field(45.0, ge=5, le=3600)
-    """How long a claimed message stays leased to its worker."""
+    lease_seconds: int = Field(45, ge=5, le=3600)
+    """Seconds a claimed message stays leased to its worker."""
     max_attempts: int = Field(8, ge=1, le=100)
     """Attempts before a message becomes a dead letter."""
-    backoff_base_seconds: float = Field(2.0, gt=0, le=3600)
-    """First retry delay; it doubles per attempt."""
-    backoff_max_seconds: float = Field(300.0, gt=0, le=86400)
-    """Largest retry delay."""
+    backoff_base_seconds: int = Field(2, ge=1, le=3600)
+    """First retry delay in seconds; it doubles per attempt."""
+    backoff_max_seconds: int = Field(300, ge=1, le=86400)
+    """Largest retry delay in seconds."""
     resources: ResourceRequirements = Field(default_factory=_default_resources)
-    """Container resources."""
+    """Container resources (the migration init container gets the same)."""
     templates_config_map: ResourceName | None = None
     """ConfigMap of templates that override the built-in ones, mounted into the workers."""
     payload_keys_secret_ref: PayloadKeysSecretRef | None = None
@@ -230,15 +273,24 @@ class WorkerSpec(_Model):
     """Worker log format."""
     service_account_name: ResourceName | None = None
     """Service account of the worker pods; unset uses the namespace default."""
+    env: Annotated[list[EnvVar], Field(max_length=64)] | None = None
+    """Extra environment variables of the worker, e.g. LEASEBOX_LOG_LEVEL."""
+    env_from: Annotated[list[EnvFromSource], Field(max_length=16)] | None = None
+    """ConfigMaps or Secrets whose keys become environment variables of the worker."""
+    volume_mounts: Annotated[list[VolumeMount], Field(max_length=32)] | None = None
+    """Where volumes of podTemplate.spec.volumes are mounted in the worker container."""
+    pod_template: PodTemplate | None = None
+    """Labels, annotations, scheduling and volumes of the worker pods (cert-manager's
+    podTemplate); merged into the Deployment without loosening its security context."""
 
 
-class MonitoringSpec(_Model):
+class MonitoringSpec(Model):
     """Prometheus Operator objects the operator creates for the pool."""
 
     pod_monitor: bool = False
     """Create a PodMonitor scraping the workers (needs the PodMonitor CRD)."""
     prometheus_rule: bool = False
-    """Create a PrometheusRule with the pool's SLA alerts (needs the PrometheusRule CRD)."""
+    """Create a PrometheusRule with the pool's alerts (needs the PrometheusRule CRD)."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra labels on both, e.g. the label your Prometheus selects rules by."""
 
@@ -247,8 +299,18 @@ class MonitoringSpec(_Model):
 _EMPTY_DEFAULT: dict[str, Any] = {"default": {}}
 
 
-class PoolSpec(_Model):
+class PoolSpec(Model):
     """A pool of outbox workers for some message kinds, scaled to meet an SLA."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!has(self.replicas) || self.scaling.mode == 'External'",
+            "spec.replicas is for scaling.mode External (an HPA, KEDA or kubectl scale); in "
+            "mode Operator the operator sizes the pool",
+            lambda s: s.replicas is None or s.scaling.mode == "External",
+        ),
+    )
+    model_config = cel(cel_rules)
 
     kinds: list[Kind] = Field(
         min_length=1, max_length=64, json_schema_extra={"x-kubernetes-list-type": "set"}
@@ -258,10 +320,12 @@ class PoolSpec(_Model):
     """The outbox database."""
     provider: ProviderSpec
     """The mail provider."""
+    replicas: int | None = Field(None, ge=0, le=1000)
+    """Workers wanted, set through the scale subresource in scaling.mode External."""
     sla: SLASpec = Field(default_factory=SLASpec, json_schema_extra=_EMPTY_DEFAULT)
     """The delivery SLA."""
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, json_schema_extra=_EMPTY_DEFAULT)
-    """Scaling bounds and tuning."""
+    """Scaling mode, bounds and tuning."""
     worker: WorkerSpec = Field(default_factory=WorkerSpec, json_schema_extra=_EMPTY_DEFAULT)
     """The worker pods."""
     paused: bool = False
@@ -279,7 +343,7 @@ class PoolSpec(_Model):
         return kinds
 
 
-class Condition(_Model):
+class Condition(Model):
     """A condition shaped like `metav1.Condition`."""
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=316)]
@@ -298,7 +362,7 @@ class Condition(_Model):
     """A sentence for people."""
 
 
-class BacklogStatus(_Model):
+class BacklogStatus(Model):
     """The backlog of the pool's kinds at the last poll."""
 
     pending: int = Field(0, ge=0)
@@ -311,13 +375,13 @@ class BacklogStatus(_Model):
     """Dead letters."""
     expired_leases: int = Field(0, ge=0)
     """Leases that expired without completion (their worker died)."""
-    oldest_pending_age_seconds: float = Field(0.0, ge=0)
-    """Age of the oldest pending message, from creation (the SLA clock)."""
-    oldest_ready_age_seconds: float = Field(0.0, ge=0)
-    """How long the oldest ready message has been claimable."""
+    oldest_pending_age_seconds: int = Field(0, ge=0)
+    """Age in whole seconds of the oldest pending message, from creation (the SLA clock)."""
+    oldest_ready_age_seconds: int = Field(0, ge=0)
+    """Whole seconds the oldest ready message has been claimable."""
 
 
-class RatesStatus(_Model):
+class RatesStatus(Model):
     """Recent message rates."""
 
     arrival_per_second: float = Field(0.0, ge=0)
@@ -326,13 +390,17 @@ class RatesStatus(_Model):
     """Messages sent per second."""
 
 
-class PoolStatus(_Model):
+class PoolStatus(Model):
     """What the operator observed and did."""
 
     observed_generation: int | None = Field(None, ge=0)
     """The spec generation last reconciled."""
+    kinds: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    """The pool's kinds as one line, for `kubectl get`."""
     replicas: int | None = Field(None, ge=0)
-    """Replicas requested on the worker Deployment."""
+    """Replicas requested on the worker Deployment (the scale subresource reads it)."""
+    selector: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    """Label selector of the worker pods (the scale subresource reads it, so does an HPA)."""
     ready_replicas: int | None = Field(None, ge=0)
     """Worker pods ready."""
     desired_replicas: int | None = Field(None, ge=0)
@@ -357,4 +425,8 @@ class PoolStatus(_Model):
 
 def cel_rules() -> dict[str, tuple[CelRule, ...]]:
     """Every cross-field rule by the model that declares it (tests check the CRD has them)."""
-    return {m.__name__: m.cel_rules for m in (ScalingSpec, WorkerSpec) if m.cel_rules}
+    from leasebox_operator import kubetypes
+
+    models: list[type[Model]] = [PoolSpec, ScalingSpec, WorkerSpec]
+    models += [kubetypes.EnvVarSource, kubetypes.Volume]
+    return {"OutboxWorkerPool": POOL_RULES} | {m.__name__: m.cel_rules for m in models}

@@ -1,11 +1,13 @@
 """One poll of one pool: backlog -> scaling policy -> replicas, status, Events, metrics.
 
 This is the orchestration between the pure policy (`leasebox.scaling.policy.decide`) and the
-outside world, which reaches it only through two small ports: `BacklogSource` (the one
-indexed backlog query) and `PoolKube` (the Deployment, the status, Events). Clocks are
-injected too, so the whole loop is tested with fakes and no sleeping. A failed backlog
-read never touches the replicas: the pool keeps what it has, says so in a condition and
-an Event, and the caller waits a growing delay before the next try.
+outside world, which reaches it only through two small ports: `BacklogSource` (the schema
+check and the one indexed backlog query) and `PoolKube` (the Deployment, Events). Clocks
+are injected too, so the whole loop is tested with fakes and no sleeping. A failed
+backlog read never touches the replicas: the pool keeps what it has, says so in a
+condition and an Event, and the caller waits a growing delay before the next try. In
+scaling mode External the replicas come from `spec.replicas` (an HPA's or `kubectl
+scale`'s), kept within min/max; everything else is observed and reported the same.
 """
 
 from __future__ import annotations
@@ -28,20 +30,13 @@ from leasebox_operator.conditions import (
     ConditionUpdate,
     rfc3339,
 )
+from leasebox_operator.errors import PollError, PoolProblem
 from leasebox_operator.metrics import OperatorMetrics
 from leasebox_operator.models import PoolSpec
-from leasebox_operator.status import StatusWriter, backlog_status, rates_status
+from leasebox_operator.status import Problem, StatusWriter, backlog_status, rates_status
 
+__all__ = ["BacklogSource", "DeploymentState", "PollError", "PoolKube", "PoolPoller"]
 logger = logging.getLogger(__name__)
-
-
-class PollError(Exception):
-    """The backlog could not be read; `reason` is a condition reason, `message` is safe."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -50,9 +45,13 @@ class DeploymentState:
 
     replicas: int
     ready_replicas: int
+    available_replicas: int = 0
 
 
 class BacklogSource(Protocol):
+    async def check_schema(self, spec: PoolSpec) -> PoolProblem | None:
+        """SchemaMissing or SchemaOutdated, or None; raises `PollError` when unreachable."""
+
     async def fetch(self, spec: PoolSpec, window_seconds: float) -> Backlog:
         """The pool's backlog; raises `PollError` when it cannot be read."""
 
@@ -62,7 +61,21 @@ class PoolKube(Protocol):
 
     async def scale(self, replicas: int) -> None: ...
 
-    def event(self, type_: str, reason: str, message: str) -> None: ...
+    async def event(self, type_: str, reason: str, message: str) -> None: ...
+
+
+def workers_problem(deployment: DeploymentState) -> tuple[Problem | None, str]:
+    """Ready's view of the workers: a problem when a pool that wants some has none."""
+    wanted, available = deployment.replicas, deployment.available_replicas
+    if wanted == 0:
+        return None, "no workers wanted (the pool is idle at zero replicas)"
+    if available == 0:
+        return (
+            "WorkersUnavailable",
+            f"0 of {wanted} workers are available; see the worker Deployment's pods "
+            "(image, init container, probes)",
+        ), ""
+    return None, f"{available} of {wanted} workers available"
 
 
 def rate_window(poll_interval_seconds: float) -> float:
@@ -76,14 +89,14 @@ def scaling_spec(spec: PoolSpec) -> scaling.ScalingSpec:
     return scaling.ScalingSpec(
         min_replicas=s.min_replicas,
         max_replicas=s.max_replicas,
-        sla_seconds=spec.sla.oldest_pending_age_seconds,
-        poll_interval_seconds=s.poll_interval_seconds,
-        scale_down_stabilization_seconds=s.scale_down_stabilization_seconds,
+        sla_seconds=float(spec.sla.oldest_pending_age_seconds),
+        poll_interval_seconds=float(s.poll_interval_seconds),
+        scale_down_stabilization_seconds=float(s.scale_down_stabilization_seconds),
         max_scale_up_step=s.max_scale_up_step,
         max_scale_down_step=s.max_scale_down_step,
-        initial_worker_throughput=s.initial_worker_throughput,
-        startup_seconds=s.startup_seconds,
-        backlog_budget_fraction=s.backlog_budget_fraction,
+        initial_worker_throughput=float(s.initial_worker_throughput),
+        startup_seconds=float(s.startup_seconds),
+        backlog_budget_fraction=s.backlog_budget_percent / 100,
         rate_window_seconds=rate_window(s.poll_interval_seconds),
     )
 
@@ -145,11 +158,13 @@ class PoolPoller:
         self.arrivals = ArrivalEstimator()
         self.failures = 0
         self.deployment_missing = False
+        self.last_poll: float | None = None
+        self.schema_reason: str | None = None
 
     async def poll_once(self, spec: PoolSpec, generation: int | None) -> float:
         """Poll once; return the seconds to wait before the next poll."""
         started = self.clock()
-        interval = spec.scaling.poll_interval_seconds
+        interval = float(spec.scaling.poll_interval_seconds)
         self.metrics.observe_spec(
             self.namespace,
             self.name,
@@ -160,36 +175,74 @@ class PoolPoller:
         )
         window = rate_window(interval)
         try:
-            backlog = await self.source.fetch(spec, window)
+            schema = await self.source.check_schema(spec)
+            backlog = (
+                None
+                if schema and schema.reason == "SchemaMissing"
+                else (await self.source.fetch(spec, window))
+            )
         except PollError as exc:
             return await self._failed(exc, interval, generation)
+        await self._announce_schema(schema)
         deployment = await self.kube.read_deployment()
         self.deployment_missing = deployment is None
-        now = self.clock()
-        arrival = self.arrivals.update(now, backlog.pending, backlog.sent_per_second, window)
-        self.metrics.observe_backlog(self.namespace, self.name, backlog, arrival_per_second=arrival)
-        fields: dict[str, Any] = {
-            "backlog": backlog_status(backlog),
-            "rates": rates_status(arrival, backlog.sent_per_second),
+        fields: dict[str, Any] = {"kinds": ", ".join(spec.kinds)}
+        updates = [self._reachable(), self._paused(spec)]
+        problems: dict[str, Problem | None] = {
+            "database": None,
+            "schema": None if schema is None else (schema.reason, schema.message),
         }
-        updates = [self._reachable(), self._sla(spec, backlog), self._paused(spec)]
+        summary = None
+        if backlog is not None:
+            now = self.clock()
+            arrival = self.arrivals.update(now, backlog.pending, backlog.sent_per_second, window)
+            arrived = 0.0 if self.last_poll is None else arrival * (now - self.last_poll)
+            self.last_poll = now
+            self.metrics.observe_backlog(self.namespace, self.name, backlog, arrived=arrived)
+            fields["backlog"] = backlog_status(backlog)
+            fields["rates"] = rates_status(arrival, backlog.sent_per_second)
+            updates.append(self._sla(spec, backlog))
+            if deployment is not None:
+                fields |= await self._scale(spec, backlog, deployment, now, arrival, updates)
+        elif deployment is not None:
+            fields |= await self._migrate_from_zero(spec, deployment)
         if deployment is not None:
-            fields.update(await self._scale(spec, backlog, deployment, now, arrival, updates))
-        changed = await self.status.write(fields, updates, generation=generation)
-        self._announce(changed, spec, backlog)
+            fields["readyReplicas"] = deployment.ready_replicas
+            problems["workers"], summary = workers_problem(
+                replace(deployment, replicas=int(fields.get("replicas", deployment.replicas)))
+            )
+        changed = await self.status.write(
+            fields, updates, generation=generation, problems=problems, summary=summary
+        )
+        await self._announce(changed, spec, backlog)
         self.failures = 0
         self.metrics.poll_duration.observe(max(0.0, self.clock() - started))
         return interval
 
-    async def _scale(
+    async def _migrate_from_zero(
+        self, spec: PoolSpec, deployment: DeploymentState
+    ) -> dict[str, Any]:
+        """A missing schema that the workers migrate needs one worker to migrate it."""
+        if spec.database.migrations != "Auto" or spec.paused or deployment.replicas > 0:
+            return {"replicas": deployment.replicas}
+        reason = "scale up 0→1: the schema is missing and the workers' init container migrates it"
+        await self.kube.scale(1)
+        await self.kube.event("Normal", "ScaledUp", reason)
+        return {
+            "replicas": 1,
+            "lastScaleTime": rfc3339(self.wallclock()),
+            "lastScaleReason": reason,
+        }
+
+    def _target(
         self,
         spec: PoolSpec,
         backlog: Backlog,
         deployment: DeploymentState,
         now: float,
         arrival: float,
-        updates: list[ConditionUpdate],
-    ) -> dict[str, Any]:
+    ) -> tuple[int, str, bool]:
+        """(replicas, reason, limited): the policy's in mode Operator, spec.replicas' else."""
         current = deployment.replicas
         if not self.policy.recommendations:
             # A (re)started operator has no history: count the running replicas as a
@@ -208,26 +261,47 @@ class PoolPoller:
         )
         decision = scaling.decide(observation, scaling_spec(spec), self.policy)
         self.policy = decision.state
-        fields: dict[str, Any] = {"desiredReplicas": decision.replicas}
+        if spec.scaling.mode == "Operator":
+            return decision.replicas, decision.reason, decision.limited
+        wanted = current if spec.replicas is None else spec.replicas
+        low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
+        target = max(low, min(high, wanted))
+        direction = "up" if target > current else "down"
+        reason = f"scale {direction} {current}→{target}: spec.replicas is {wanted} (mode External)"
+        if target != wanted:
+            reason += f", kept within {low}..{high}"
+        return target, reason, target != wanted
+
+    async def _scale(
+        self,
+        spec: PoolSpec,
+        backlog: Backlog,
+        deployment: DeploymentState,
+        now: float,
+        arrival: float,
+        updates: list[ConditionUpdate],
+    ) -> dict[str, Any]:
+        current = deployment.replicas
+        target, reason, limited = self._target(spec, backlog, deployment, now, arrival)
+        fields: dict[str, Any] = {"desiredReplicas": target}
         replicas = current
-        if not spec.paused and decision.replicas != current:
-            await self.kube.scale(decision.replicas)
-            replicas = decision.replicas
+        if not spec.paused and target != current:
+            await self.kube.scale(target)
+            replicas = target
             self.metrics.scaled(self.namespace, self.name, current, replicas)
-            self.kube.event(
-                "Normal", "ScaledUp" if replicas > current else "ScaledDown", decision.reason
+            await self.kube.event(
+                "Normal", "ScaledUp" if target > current else "ScaledDown", reason
             )
-            logger.info("pool %s/%s: %s", self.namespace, self.name, decision.reason)
+            logger.info("pool %s/%s: %s", self.namespace, self.name, reason)
             fields["lastScaleTime"] = rfc3339(self.wallclock())
-            fields["lastScaleReason"] = decision.reason
+            fields["lastScaleReason"] = reason
         fields["replicas"] = replicas
-        fields["readyReplicas"] = deployment.ready_replicas
         self.metrics.observe_replicas(
             self.namespace,
             self.name,
             replicas=replicas,
             ready=deployment.ready_replicas,
-            desired=decision.replicas,
+            desired=target,
         )
         if spec.paused:
             updates.append(
@@ -235,17 +309,15 @@ class PoolPoller:
                     SCALING_LIMITED, False, "Paused", "the pool is paused; replicas are frozen"
                 )
             )
-        elif decision.limited:
-            updates.append(
-                ConditionUpdate.of(SCALING_LIMITED, True, "LimitReached", decision.reason)
-            )
+        elif limited:
+            updates.append(ConditionUpdate.of(SCALING_LIMITED, True, "LimitReached", reason))
         else:
             updates.append(
                 ConditionUpdate.of(
                     SCALING_LIMITED,
                     False,
                     "WithinLimits",
-                    f"{decision.replicas} replicas is within {spec.scaling.min_replicas}"
+                    f"{target} replicas is within {spec.scaling.min_replicas}"
                     f"..{spec.scaling.max_replicas}",
                 )
             )
@@ -259,9 +331,10 @@ class PoolPoller:
             {},
             [ConditionUpdate.of(DATABASE_REACHABLE, False, exc.reason, exc.message)],
             generation=generation,
+            problems={"database": (exc.reason, exc.message)},
         )
         if any(kind == DATABASE_REACHABLE for kind, _, _ in changed):
-            self.kube.event(
+            await self.kube.event(
                 "Warning",
                 "DatabaseUnreachable",
                 f"{exc.message}; replicas kept, retrying with backoff",
@@ -275,6 +348,17 @@ class PoolPoller:
             delay,
         )
         return delay
+
+    async def _announce_schema(self, schema: PoolProblem | None) -> None:
+        """One Event when the schema becomes missing or outdated, one when it is fine again."""
+        reason = None if schema is None else schema.reason
+        if reason == self.schema_reason:
+            return
+        if schema is not None:
+            await self.kube.event("Warning", schema.reason, schema.message)
+        elif self.schema_reason is not None:
+            await self.kube.event("Normal", "SchemaReady", "the leasebox schema is up to date")
+        self.schema_reason = reason
 
     @staticmethod
     def _reachable() -> ConditionUpdate:
@@ -291,7 +375,7 @@ class PoolPoller:
             SLA_MET,
             met,
             "WithinSLA" if met else "SLAExceeded",
-            f"oldest pending message is {age:.0f}s old; SLA {sla:g}s",
+            f"oldest pending message is {age:.0f}s old; SLA {sla}s",
         )
 
     @staticmethod
@@ -300,30 +384,33 @@ class PoolPoller:
             return ConditionUpdate.of(
                 PAUSED, True, "PausedBySpec", "spec.paused is true: replicas are frozen"
             )
-        return ConditionUpdate.of(PAUSED, False, "Active", "the operator scales the pool")
+        who = "the operator scales" if spec.scaling.mode == "Operator" else "spec.replicas sizes"
+        return ConditionUpdate.of(PAUSED, False, "Active", f"{who} the pool")
 
-    def _announce(
-        self, changed: list[tuple[str, str | None, str]], spec: PoolSpec, backlog: Backlog
+    async def _announce(
+        self, changed: list[tuple[str, str | None, str]], spec: PoolSpec, backlog: Backlog | None
     ) -> None:
         """Events for condition flips people act on (not for the first observation)."""
         for kind, old, new in changed:
             if old is None:
                 continue
             if kind == DATABASE_REACHABLE and new == "True":
-                self.kube.event("Normal", "DatabaseReachable", "the backlog is readable again")
-            elif kind == SLA_MET:
+                await self.kube.event(
+                    "Normal", "DatabaseReachable", "the backlog is readable again"
+                )
+            elif kind == SLA_MET and backlog is not None:
                 sla = spec.sla.oldest_pending_age_seconds
                 age = backlog.oldest_pending_age_seconds
                 if new == "False":
-                    self.kube.event(
+                    await self.kube.event(
                         "Warning",
                         "SLAExceeded",
-                        f"oldest pending message is {age:.0f}s old, SLA {sla:g}s",
+                        f"oldest pending message is {age:.0f}s old, SLA {sla}s",
                     )
                 else:
-                    self.kube.event("Normal", "SLAMet", f"oldest pending within {sla:g}s again")
+                    await self.kube.event("Normal", "SLAMet", f"oldest pending within {sla}s again")
             elif kind == PAUSED:
-                self.kube.event(
+                await self.kube.event(
                     "Normal",
                     "Paused" if new == "True" else "Resumed",
                     "replicas frozen" if new == "True" else "scaling resumed",

@@ -1,10 +1,12 @@
-"""Reconciling a pool's children: create what is missing, patch what changed.
+"""Reconciling a pool's children: create what is missing, apply the rest, fix the replicas.
 
-The manifests come from `children` (pure); this module compares them with what the
-cluster holds and sends the difference. A child is patched only when the hash of its
-manifest changed, so an unchanged spec costs reads and no writes, and a changed pod
-template rolls the workers out. The replica count is the poll loop's: a reconcile sets
-it only on creation and when a new min/max puts it out of bounds.
+The manifests come from `children` (pure); this module sends them through a small port,
+`ChildrenApi`, that the official client implements (`kube.Kube`) and the tests fake. A
+child is created once (its creator then owns `spec.replicas`) and afterwards *applied*
+with server-side apply, which changes nothing when nothing changed, puts back what was
+edited by hand and leaves alone the fields others own, above all the replicas that the
+poll loop, an HPA or `kubectl scale` set through `/scale`. A reconcile touches replicas
+only when a new min/max puts them out of bounds.
 """
 
 from __future__ import annotations
@@ -12,29 +14,36 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import kopf
 from pydantic import ValidationError
 
-from leasebox_operator import children
-from leasebox_operator.children import HASH_ANNOTATION, MAX_NAME_LENGTH, Pool
-from leasebox_operator.kube import Kube, SecretError, resource_path
-from leasebox_operator.models import PoolSpec
+from leasebox_operator import alerts, children
+from leasebox_operator.children import Pool
+from leasebox_operator.errors import ChildConflict, InvalidSpec, SecretError
+from leasebox_operator.models import POOL_RULES, PoolSpec
 
 MONITORING = "monitoring.coreos.com/v1"
+MONITORING_PLURALS = {"PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
 
 
-class InvalidSpec(Exception):
-    """The spec does not validate; `message` names fields and problems, never values."""
+class ChildrenApi(Protocol):
+    """What reconciling needs from the Kubernetes API (children as plain dicts)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    async def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
 
+    async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None: ...
 
-class ChildConflict(Exception):
-    """A child's name is taken by an object this pool does not own."""
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool: ...
+
+    async def scale(self, namespace: str, deployment: str, replicas: int) -> None: ...
+
+    async def serves(self, api_version: str, plural: str) -> bool: ...
+
+    async def secret_keys(self, namespace: str, name: str) -> frozenset[str]: ...
 
 
 def describe(exc: ValidationError) -> str:
@@ -51,11 +60,9 @@ def parse_pool(body: Mapping[str, Any]) -> Pool:
     """The pool of a resource body, or `InvalidSpec`."""
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InvalidSpec(
-            f"metadata.name: at most {MAX_NAME_LENGTH} characters (it names "
-            "the worker Deployment and labels its pods)"
-        )
+    for rule in POOL_RULES:
+        if not rule.check(body):
+            raise InvalidSpec(rule.message)
     raw = json.loads(json.dumps(body.get("spec") or {}))
     try:
         spec = PoolSpec.model_validate(raw)
@@ -64,7 +71,7 @@ def parse_pool(body: Mapping[str, Any]) -> Pool:
     return Pool(namespace=namespace, name=name, spec=spec)
 
 
-async def check_secrets(kube: Kube, pool: Pool) -> None:
+async def check_secrets(kube: ChildrenApi, pool: Pool) -> None:
     """Every referenced Secret key exists (values are not read); else `SecretError`."""
     refs = [pool.spec.database.secret_ref, pool.spec.provider.secret_ref]
     if pool.spec.worker.payload_keys_secret_ref:
@@ -72,7 +79,7 @@ async def check_secrets(kube: Kube, pool: Pool) -> None:
     for ref in refs:
         if ref.key not in await kube.secret_keys(pool.namespace, ref.name):
             raise SecretError(
-                "SecretKeyMissing", f"Secret {pool.namespace}/{ref.name} has no key {ref.key!r}"
+                f"Secret {pool.namespace}/{ref.name} has no key {ref.key!r}", "SecretKeyMissing"
             )
 
 
@@ -91,9 +98,6 @@ class Applied:
     def summary(self) -> str:
         return "; ".join(self.actions)
 
-    def ready_message(self) -> str:
-        return f"worker Deployment {self.deployment} and its PodDisruptionBudget are applied"
-
 
 def _owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
     uid = (owner.get("metadata") or {}).get("uid")
@@ -101,91 +105,87 @@ def _owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
     return any(ref.get("uid") == uid for ref in refs)
 
 
-def _hash_of(obj: Mapping[str, Any]) -> str | None:
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    value = annotations.get(HASH_ANNOTATION)
-    return str(value) if value is not None else None
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
 
 
-async def _ensure(
-    kube: Kube,
-    owner: kopf.Body,
-    manifest: dict[str, Any],
-    plural: str,
-    existing: dict[str, Any] | None,
-    applied: Applied,
-) -> None:
-    """Create the child, or patch it when its manifest hash changed."""
-    kopf.adopt(manifest, owner=owner)
-    meta = manifest["metadata"]
-    api_version, kind, name = manifest["apiVersion"], manifest["kind"], meta["name"]
+def initial_replicas(pool: Pool) -> int:
+    """Replicas of a new worker Deployment: minReplicas, or spec.replicas in mode External."""
+    wanted = pool.spec.replicas if pool.spec.scaling.mode == "External" else None
+    return children.clamp_replicas(wanted, pool)
+
+
+async def _apply_child(
+    kube: ChildrenApi, owner: Mapping[str, Any], manifest: dict[str, Any], applied: Applied
+) -> dict[str, Any]:
+    """Create the child if missing (with `create`), else apply it; refuse a stranger's."""
+    kopf.adopt(manifest, owner=kopf.Body(cast(Any, dict(owner))))
+    kind, meta = manifest["kind"], manifest["metadata"]
+    existing = await kube.read(kind, meta["namespace"], meta["name"])
     if existing is None:
-        collection = resource_path(api_version, plural, meta["namespace"])
-        if await kube.create(collection, manifest) is not None:
-            applied.actions.append(f"created {kind} {name}")
-            return
+        created = await kube.create(manifest)
+        if created is not None:
+            applied.actions.append(f"created {kind} {meta['name']}")
+            return created
         # Created meanwhile (the create handler and the poll loop both apply children).
-        existing = await kube.get(resource_path(api_version, plural, meta["namespace"], name))
+        existing = await kube.read(kind, meta["namespace"], meta["name"])
         if existing is None:
-            raise ChildConflict(f"{kind} {name} was reported to exist but cannot be read")
+            raise ChildConflict(f"{kind} {meta['name']} was reported to exist but cannot be read")
     if not _owned_by(existing, owner):
-        raise ChildConflict(f"{kind} {name} exists and is not owned by this pool")
-    spec = dict(manifest["spec"])
-    existing_replicas = (existing.get("spec") or {}).get("replicas")
-    if "replicas" in spec and spec["replicas"] == existing_replicas:
-        del spec["replicas"]  # the poll loop owns it; do not race it with a stale copy
-    if _hash_of(existing) == _hash_of(manifest) and "replicas" not in spec:
-        return
-    if kind == "Deployment":
-        pod = spec["template"]["spec"]
-        pod.setdefault("serviceAccountName", None)  # a removed account is removed
-    patch = {
-        "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta},
-        "spec": spec,
-    }
-    await kube.merge_patch(resource_path(api_version, plural, meta["namespace"], name), patch)
-    what = "rolled out" if _hash_of(existing) != _hash_of(manifest) else "rescaled"
-    applied.actions.append(f"{what} {kind} {name}")
+        raise ChildConflict(f"{kind} {meta['name']} exists and is not owned by this pool")
+    without_replicas = json.loads(json.dumps(manifest))
+    (without_replicas.get("spec") or {}).pop("replicas", None)  # the scaler's field
+    result = await kube.apply(without_replicas)
+    if _version(result) != _version(existing):
+        applied.actions.append(f"updated {kind} {meta['name']}")
+    return result
 
 
-async def _monitoring(kube: Kube, owner: kopf.Body, pool: Pool, applied: Applied) -> None:
+async def _monitoring(
+    kube: ChildrenApi, owner: Mapping[str, Any], pool: Pool, runbooks: str, applied: Applied
+) -> None:
     wanted = (
-        (pool.spec.monitoring.pod_monitor, children.pod_monitor(pool), "podmonitors"),
-        (pool.spec.monitoring.prometheus_rule, children.prometheus_rule(pool), "prometheusrules"),
+        (pool.spec.monitoring.pod_monitor, children.pod_monitor(pool)),
+        (pool.spec.monitoring.prometheus_rule, children.prometheus_rule(pool, runbooks)),
     )
-    for enabled, manifest, plural in wanted:
+    for enabled, manifest in wanted:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        plural = MONITORING_PLURALS[kind]
         served = await kube.serves(MONITORING, plural)
-        path = resource_path(MONITORING, plural, pool.namespace, manifest["metadata"]["name"])
         if enabled and not served:
             applied.warnings.append(
-                f"{manifest['kind']} requested but the cluster does not serve {MONITORING} "
-                f"{plural}; install the Prometheus Operator CRDs"
+                f"{kind} requested but the cluster does not serve {MONITORING} {plural}; "
+                "install the Prometheus Operator CRDs"
             )
         elif enabled:
-            await _ensure(kube, owner, manifest, plural, await kube.get(path), applied)
+            await _apply_child(kube, owner, manifest, applied)
         elif served:
-            existing = await kube.get(path)
-            if existing is not None and _owned_by(existing, owner) and await kube.delete(path):
-                applied.actions.append(f"deleted {manifest['kind']} {manifest['metadata']['name']}")
+            existing = await kube.read(kind, pool.namespace, name)
+            if (
+                existing is not None
+                and _owned_by(existing, owner)
+                and await kube.delete(kind, pool.namespace, name)
+            ):
+                applied.actions.append(f"deleted {kind} {name}")
 
 
-async def apply_children(kube: Kube, owner: kopf.Body, pool: Pool, image: str) -> Applied:
-    """Create or patch the Deployment, the PodDisruptionBudget and the monitoring objects."""
+async def apply_children(
+    kube: ChildrenApi,
+    owner: Mapping[str, Any],
+    pool: Pool,
+    image: str,
+    runbook_base_url: str = alerts.RUNBOOK_BASE,
+) -> Applied:
+    """Create or apply the Deployment, the PodDisruptionBudget and the monitoring objects."""
     applied = Applied(deployment=pool.deployment_name)
-    path = resource_path("apps/v1", "deployments", pool.namespace, pool.deployment_name)
-    existing = await kube.get(path)
-    current = None if existing is None else int((existing.get("spec") or {}).get("replicas") or 0)
-    replicas = (
-        current
-        if (current is not None and pool.spec.paused)
-        else (children.clamp_replicas(current, pool))
-    )
-    manifest = children.deployment(pool, image=image, replicas=replicas)
-    await _ensure(kube, owner, manifest, "deployments", existing, applied)
-    pdb = children.pod_disruption_budget(pool)
-    pdb_path = resource_path(
-        "policy/v1", "poddisruptionbudgets", pool.namespace, pdb["metadata"]["name"]
-    )
-    await _ensure(kube, owner, pdb, "poddisruptionbudgets", await kube.get(pdb_path), applied)
-    await _monitoring(kube, owner, pool, applied)
+    manifest = children.deployment(pool, image=image)
+    manifest["spec"]["replicas"] = initial_replicas(pool)  # used only when it is created
+    deployment = await _apply_child(kube, owner, manifest, applied)
+    current = int((deployment.get("spec") or {}).get("replicas") or 0)
+    bounded = children.clamp_replicas(current, pool)
+    if bounded != current and not pool.spec.paused:
+        await kube.scale(pool.namespace, pool.deployment_name, bounded)
+        applied.actions.append(f"rescaled Deployment {pool.deployment_name} {current}→{bounded}")
+    await _apply_child(kube, owner, children.pod_disruption_budget(pool), applied)
+    await _monitoring(kube, owner, pool, runbook_base_url, applied)
     return applied

@@ -9,6 +9,7 @@ startup handler applies them to kopf once, so the finalizer and annotation names
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -42,6 +43,10 @@ class OperatorSettings:
         api_backoffs: delays between retries of a failed Kubernetes API request.
         finalizer: the finalizer kopf puts on pools (so daemons stop before deletion).
         annotation_prefix: prefix of kopf's progress and last-handled annotations.
+        resync_seconds: how often each pool's children are applied again (drift repair).
+        peering_lifetime_seconds: how long a silent peer counts as alive (failover time).
+        runbook_base_url: base of the runbook links in pools' PrometheusRules.
+        identity: this instance in Events, user-agents and peering (pod name, else host).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -62,6 +67,12 @@ class OperatorSettings:
     api_backoffs: tuple[float, ...] = field(default=(1, 1, 2, 3, 5, 8))
     finalizer: str = f"{DOMAIN}/finalizer"
     annotation_prefix: str = DOMAIN
+    resync_seconds: float = 60.0
+    peering_lifetime_seconds: int = 60
+    runbook_base_url: str = "https://github.com/leasebox/leasebox/blob/main/docs/runbooks.md"
+    identity: str = field(
+        default_factory=lambda: os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
+    )
 
     def __post_init__(self) -> None:
         if self.clusterwide and self.namespaces:
@@ -76,6 +87,8 @@ class OperatorSettings:
             "statement_timeout_seconds",
             "connect_timeout_seconds",
             "max_poll_backoff_seconds",
+            "resync_seconds",
+            "peering_lifetime_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be > 0")
@@ -96,6 +109,9 @@ class OperatorSettings:
             "CONNECT_TIMEOUT": ("connect_timeout_seconds", float),
             "POOL_MAX_CONNECTIONS": ("pool_max_connections", int),
             "MAX_POLL_BACKOFF": ("max_poll_backoff_seconds", float),
+            "RESYNC": ("resync_seconds", float),
+            "PEERING_LIFETIME": ("peering_lifetime_seconds", int),
+            "RUNBOOK_BASE_URL": ("runbook_base_url", str),
         }
         for suffix, (name, cast) in casts.items():
             raw = env.get(ENV_PREFIX + suffix, "").strip()

@@ -5,6 +5,11 @@ merge patch replaces a list whole, so two writers patching `conditions` from the
 copies would undo each other. Each pool therefore has one `StatusWriter` (kept in the
 pool's kopf memo) that holds the conditions as last written, applies updates under a
 lock and sends a patch only when a field or a condition actually changed.
+
+`Ready` is a summary the writer derives: each part of the operator reports its *problem*
+(the spec and children, the database, the schema, the workers; None when fine), and Ready
+is False with the first problem's reason, Unknown until every part has reported once, and
+True with the workers' summary otherwise.
 """
 
 from __future__ import annotations
@@ -15,9 +20,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from leasebox.store.backlog import Backlog
-from leasebox_operator.conditions import ConditionUpdate, apply, transitions
+from leasebox_operator.conditions import READY, ConditionUpdate, apply, transitions
 
 PatchStatus = Callable[[dict[str, Any]], Awaitable[None]]
+Problem = tuple[str, str]  # (reason, message)
+# What Ready summarises, in order of precedence: the first problem found is the reason.
+READY_PARTS = ("spec", "database", "schema", "workers")
+_WAITING = {
+    "spec": "the pool's children are being applied",
+    "database": "waiting for the first backlog poll",
+    "schema": "waiting for the first backlog poll",
+    "workers": "waiting for the first backlog poll",
+}
 
 
 def backlog_status(backlog: Backlog) -> dict[str, Any]:
@@ -28,8 +42,8 @@ def backlog_status(backlog: Backlog) -> dict[str, Any]:
         "processing": backlog.processing,
         "dead": backlog.dead,
         "expiredLeases": backlog.expired_leases,
-        "oldestPendingAgeSeconds": round(backlog.oldest_pending_age_seconds, 1),
-        "oldestReadyAgeSeconds": round(backlog.oldest_ready_age_seconds, 1),
+        "oldestPendingAgeSeconds": int(backlog.oldest_pending_age_seconds),
+        "oldestReadyAgeSeconds": int(backlog.oldest_ready_age_seconds),
     }
 
 
@@ -56,6 +70,8 @@ class StatusWriter:
         self._lock = asyncio.Lock()
         self.conditions: list[dict[str, Any]] = [dict(c) for c in initial.pop("conditions", [])]
         self.fields: dict[str, Any] = initial
+        self.problems: dict[str, Problem | None] = {}
+        self.summary = "the pool works"
 
     def rebind(self, patch: PatchStatus) -> None:
         """Send later patches through `patch` (a handler's fresh API context)."""
@@ -67,9 +83,19 @@ class StatusWriter:
         updates: Iterable[ConditionUpdate] = (),
         *,
         generation: int | None = None,
+        problems: Mapping[str, Problem | None] | None = None,
+        summary: str | None = None,
     ) -> list[tuple[str, str | None, str]]:
-        """Patch the changed fields and conditions; return the condition transitions."""
+        """Patch the changed fields and conditions; return the condition transitions.
+
+        `problems` updates the parts Ready summarises; `summary` is Ready's message when
+        nothing is wrong.
+        """
         async with self._lock:
+            self.problems.update(problems or {})
+            if summary is not None:
+                self.summary = summary
+            updates = [*updates, self.ready()]
             conditions = apply(
                 self.conditions, updates, generation=generation, now=self._wallclock()
             )
@@ -83,3 +109,14 @@ class StatusWriter:
             self.conditions = conditions
             self.fields.update({k: v for k, v in patch.items() if k != "conditions"})
             return changed
+
+    def ready(self) -> ConditionUpdate:
+        """The Ready condition the reported problems add up to."""
+        for part in READY_PARTS:
+            problem = self.problems.get(part)
+            if problem is not None:
+                return ConditionUpdate.of(READY, False, *problem)
+        for part in READY_PARTS:
+            if part not in self.problems:
+                return ConditionUpdate.of(READY, None, "Pending", _WAITING[part])
+        return ConditionUpdate.of(READY, True, "Available", self.summary)

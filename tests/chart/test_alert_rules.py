@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -142,6 +143,8 @@ def test_the_alerts_read_only_metrics_leasebox_exports() -> None:
     assert "leasebox_pool_max_replicas" in known
     for name, expr in alert_expressions().items():
         used = set(re.findall(r"\bleasebox_[a-z_]+", expr))
+        if 'up{job="leasebox-operator"}' in expr:
+            continue  # about the operator's scrape target, not its metrics
         assert used, name
         assert sorted(used - known) == [], name
 
@@ -168,3 +171,53 @@ def test_the_slo_alerts_read_the_60_second_bucket_the_worker_exports() -> None:
         matcher = matchers.pop()
         # PromQL regular expressions are anchored, like fullmatch.
         assert [b for b in buckets if re.fullmatch(matcher, b)] in (["60"], ["60.0"])
+
+
+def _pool_test() -> dict[str, object]:
+    """A promtool test: pools otp and invite both breach; the otp rule fires for otp only."""
+    series = [
+        {"series": f'{name}{{namespace="mail",pool="{pool}"}}', "values": values}
+        for pool in ("otp", "invite")
+        for name, values in (
+            ("leasebox_pool_sla_seconds", "60x10"),
+            ("leasebox_pool_oldest_pending_timestamp_seconds", "1x10"),
+        )
+    ]
+    breach = next(r for g in load_rules_groups() for r in g["rules"]
+                  if r.get("alert") == "LeaseboxVerificationSLABreached")  # fmt: skip
+    annotations = {
+        "summary": "Pool mail/otp breaches its delivery SLA.",
+        "description": "The oldest pending message of pool mail/otp has waited 4m 59s, longer "
+        "than the pool's SLA (spec.sla.oldestPendingAgeSeconds). Users are waiting for their "
+        "OTP and verification emails.",
+        "runbook_url": breach["annotations"]["runbook_url"],
+    }
+    expected = {"exp_labels": {"severity": "critical", "namespace": "mail", "pool": "otp"},
+                "exp_annotations": annotations}  # fmt: skip
+    check = {"eval_time": "5m", "alertname": "LeaseboxVerificationSLABreached",
+             "exp_alerts": [expected]}  # fmt: skip
+    test = {"name": "the pool's rule fires for its pool only", "interval": "1m",
+            "input_series": series, "alert_rule_test": [check]}  # fmt: skip
+    return {"rule_files": ["pool-rules.yaml"], "evaluation_interval": "1m", "tests": [test]}
+
+
+def load_rules_groups() -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return groups
+
+
+def test_a_pools_prometheus_rule_checks_and_fires_for_that_pool_only(tmp_path: Path) -> None:
+    """The operator's per-pool rule: the chart's alerts, narrowed to one pool."""
+    from leasebox_operator import alerts
+
+    groups = alerts.pool_groups("mail", "otp")
+    (tmp_path / "pool-rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    checked = subprocess.run([promtool(), "check", "rules", "pool-rules.yaml"], cwd=tmp_path,
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(_pool_test()))
+    tested = subprocess.run([promtool(), "test", "rules", "test.yaml"], cwd=tmp_path,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    names = {rule["alert"] for group in groups for rule in group["rules"]}
+    assert names == set(alert_expressions()) - {"LeaseboxOperatorDown"}

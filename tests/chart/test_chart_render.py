@@ -205,7 +205,8 @@ def test_the_crd_schema_check_rejects_a_pool_with_an_unknown_field() -> None:
         ({"serviceMonitor": {"interval": "often"}}, "interval"),
         ({"pools": [{"name": "otp"}]}, "spec"),
         ({"operatorr": {}}, "operatorr"),
-        ({"operator": {"replicas": 2}}, "replicas"),
+        ({"operator": {"replicas": 0}}, "replicas"),
+        ({"rbac": {"secretNames": ["Not A Name"]}}, "secretNames"),
     ],
 )
 def test_bad_values_are_rejected_with_a_message_naming_the_field(
@@ -417,15 +418,18 @@ def _rules_by_resource(role: dict[str, Any]) -> dict[str, set[str]]:
     return verbs
 
 
+# Exactly the verbs the operator uses (kopf's watches and patches, the official client's
+# reads, creates, server-side applies and scale writes, Events created once).
 NAMESPACED_NEEDS = {
-    "leasebox.dev/outboxworkerpools": {"get", "list", "watch", "patch", "update"},
-    "leasebox.dev/outboxworkerpools/status": {"get", "patch", "update"},
-    "apps/deployments": {"create", "get", "list", "watch", "patch", "update", "delete"},
-    "policy/poddisruptionbudgets": {"create", "get", "list", "watch", "patch", "update", "delete"},
+    "leasebox.dev/outboxworkerpools": {"get", "list", "watch", "patch"},
+    "leasebox.dev/outboxworkerpools/status": {"patch"},
+    "apps/deployments": {"get", "create", "patch"},
+    "apps/deployments/scale": {"patch"},
+    "policy/poddisruptionbudgets": {"get", "create", "patch"},
     "/secrets": {"get"},
-    "/events": {"create", "patch"},
-    "monitoring.coreos.com/podmonitors": {"create", "get", "list", "watch", "patch", "delete"},
-    "monitoring.coreos.com/prometheusrules": {"create", "get", "list", "watch", "patch", "delete"},
+    "/events": {"create"},
+    "monitoring.coreos.com/podmonitors": {"get", "create", "patch", "delete"},
+    "monitoring.coreos.com/prometheusrules": {"get", "create", "patch", "delete"},
 }
 
 
@@ -435,7 +439,7 @@ def test_cluster_wide_mode_grants_exactly_what_the_operator_needs_in_a_cluster_r
     role = one(objects, "ClusterRole")
     assert _rules_by_resource(role) == {
         **NAMESPACED_NEEDS,
-        "apiextensions.k8s.io/customresourcedefinitions": {"get", "list", "watch"},
+        "apiextensions.k8s.io/customresourcedefinitions": {"list", "watch"},
         "/namespaces": {"list", "watch"},
     }
     binding = one(objects, "ClusterRoleBinding")
@@ -462,7 +466,7 @@ def test_namespaced_mode_renders_a_role_and_binding_in_each_watched_namespace() 
     for role in roles:
         assert _rules_by_resource(role) == {
             **NAMESPACED_NEEDS,
-            "kopf.dev/kopfpeerings": {"get", "list", "watch", "patch"},
+            "kopf.dev/kopfpeerings": {"list", "watch", "patch", "create"},
         }
     for binding in bindings:
         assert binding["roleRef"] == {
@@ -474,7 +478,7 @@ def test_namespaced_mode_renders_a_role_and_binding_in_each_watched_namespace() 
     # Only CRD discovery stays cluster-wide.
     cluster_role = one(objects, "ClusterRole")
     assert _rules_by_resource(cluster_role) == {
-        "apiextensions.k8s.io/customresourcedefinitions": {"get", "list", "watch"}
+        "apiextensions.k8s.io/customresourcedefinitions": {"list", "watch"}
     }
     args = operator_container(objects)["args"]
     assert args[:3] == ["operator", "--namespace=mail", "--namespace=growth"]
@@ -489,12 +493,61 @@ def test_cluster_wide_peering_grants_cluster_peerings() -> None:
     objects = render({"operator": {"peering": {"enabled": True}}})
     role = next(r for r in of_kind(objects, "ClusterRole") if r["metadata"]["name"] == "leasebox")
     assert _rules_by_resource(role)["kopf.dev/clusterkopfpeerings"] == {
-        "get",
         "list",
         "watch",
         "patch",
+        "create",
     }
     assert "--standalone" not in operator_container(objects)["args"]
+
+
+def test_secret_reads_can_be_restricted_to_named_secrets() -> None:
+    objects = render(
+        {"rbac": {"secretNames": ["otp-db", "otp-mail"], "aggregateClusterRoles": False}}
+    )
+    (rule,) = [r for r in one(objects, "ClusterRole")["rules"] if r["resources"] == ["secrets"]]
+    assert rule == {"apiGroups": [""], "resources": ["secrets"],
+                    "resourceNames": ["otp-db", "otp-mail"], "verbs": ["get"]}  # fmt: skip
+
+
+def test_several_operator_replicas_run_with_peering_random_priorities_and_its_crds() -> None:
+    objects = render({"operator": {"replicas": 3}})
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
+    args = operator_container(objects)["args"]
+    assert "--peering-name=leasebox" in args
+    assert "--priority=random" in args
+    assert "--standalone" not in args
+    from leasebox.cli.main import build_parser
+
+    assert build_parser().parse_args(args).priority > 0
+    crds = {c["metadata"]["name"] for c in of_kind(objects, "CustomResourceDefinition")}
+    assert crds == {"outboxworkerpools.leasebox.dev", "clusterkopfpeerings.kopf.dev",
+                    "kopfpeerings.kopf.dev"}  # fmt: skip
+    role = next(r for r in of_kind(objects, "ClusterRole") if r["metadata"]["name"] == "leasebox")
+    assert "create" in _rules_by_resource(role)["kopf.dev/clusterkopfpeerings"]
+
+
+def test_every_container_falls_back_to_its_logs_for_the_termination_message(
+    rendered: list[dict[str, Any]],
+) -> None:
+    for name, spec in _pod_specs(rendered):
+        for container in spec["containers"]:
+            assert container["terminationMessagePolicy"] == "FallbackToLogsOnError", name
+
+
+def test_the_charts_rules_file_is_the_operators_rule_source() -> None:
+    source = ROOT / "operator" / "leasebox_operator" / "rules" / "leasebox-rules.yaml"
+    assert RULES_FILE.read_bytes() == source.read_bytes(), "run make crds"
+
+
+def test_the_operator_links_pool_alerts_to_the_charts_runbooks() -> None:
+    container = operator_container(
+        render({"prometheusRule": {"runbookBaseUrl": "https://rb.example"}})
+    )
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LEASEBOX_OPERATOR_RUNBOOK_BASE_URL"] == "https://rb.example"
 
 
 def test_no_rule_uses_a_wildcard(rendered: list[dict[str, Any]]) -> None:
@@ -551,6 +604,8 @@ def test_the_service_monitor_scrapes_the_operator_and_keeps_the_pool_namespace_l
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert endpoint["honorLabels"] is True
     assert endpoint["interval"] == "15s"
+    assert endpoint["relabelings"][0] == {"targetLabel": "job", "replacement": "leasebox-operator",
+                                          "action": "replace"}  # fmt: skip
     assert service["spec"]["selector"].items() <= (
         one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
     )

@@ -107,10 +107,10 @@ def test_status_prints_a_table_and_json(db_dsn: str) -> None:
     assert set(payload["kinds"]) == {"otp", "invite"}
 
 
-def test_an_unreachable_database_is_one_line_and_exit_code_2() -> None:
+def test_an_unreachable_database_is_one_line_and_exit_code_1() -> None:
     dsn = "postgresql://app:hunter2-secret@127.0.0.1:1/mail"
     result = run("status", "--dsn", dsn)
-    assert result.returncode == 2
+    assert result.returncode == 1  # a runtime failure: it may answer on the next try
     assert len(result.stderr.strip().splitlines()) == 1
     assert "cannot connect to PostgreSQL at 127.0.0.1:1/mail" in result.stderr
     assert "hunter2-secret" not in result.stderr + result.stdout
@@ -118,7 +118,7 @@ def test_an_unreachable_database_is_one_line_and_exit_code_2() -> None:
 
 def test_an_unmigrated_database_says_to_run_migrate(empty_db_dsn: str) -> None:
     result = run("status", "--dsn", empty_db_dsn)
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "leasebox migrate" in result.stderr
 
 

@@ -7,9 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from kube_emulator import KubeEmulator, kube_emulator
-
-__all__ = ["http", "kube_emulator"]
+from support.kube.emulator import KubeEmulator
 
 
 @pytest.fixture

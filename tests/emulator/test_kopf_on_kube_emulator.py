@@ -17,7 +17,7 @@ import kopf
 import pytest
 from kopf.testing import KopfRunner
 
-from kube_emulator import KubeEmulator
+from support.kube.emulator import KubeEmulator
 
 Body = dict[str, Any]
 WIDGET_CRD: Body = {

@@ -18,7 +18,7 @@ import aiohttp
 import kmock
 import pytest
 
-from kube_emulator import KubeEmulator
+from support.kube.emulator import KubeEmulator
 
 Body = dict[str, Any]
 CM = "/api/v1/namespaces/default/configmaps"

@@ -27,12 +27,13 @@ import psycopg
 import pytest
 import yaml
 
-from kube_emulator import KubeEmulator
 from leasebox import OutboxMessage, enqueue
 from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from leasebox.testing.smtp_sink import SmtpSink
 from monitoring_sources import alert_expressions, dashboard_expressions
-from operator_harness import POOLS, free_port, running_operator, wait_for
+from support.kube.emulator import KubeEmulator
+from support.kube.harness import POOLS, free_port, running_operator
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 NAMESPACE, POOL_NAME = "default", "otp"
@@ -85,7 +86,11 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=10) as response:
                 payload: dict[str, Any] = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            payload = json.loads(exc.read())
+            body = exc.read()
+            try:
+                payload = json.loads(body)
+            except ValueError:  # "Service Unavailable" while the server is starting
+                payload = {"status": f"http {exc.code}", "error": body.decode(errors="replace")}
         except urllib.error.URLError as exc:
             payload = {"status": "unreachable", "error": str(exc.reason)}
         return payload
@@ -150,7 +155,7 @@ def test_every_alert_and_dashboard_query_answers_from_real_scrapes(
                 "database": {"secretRef": {"name": "leasebox-database"}},
                 "provider": {"secretRef": {"name": "leasebox-provider"}},
                 "sla": {"oldestPendingAgeSeconds": 60},
-                "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 0.5},
+                "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1},
             },
         }, namespace=NAMESPACE)  # fmt: skip
         prometheus = Prometheus(tmp_path, {

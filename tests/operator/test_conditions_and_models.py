@@ -9,8 +9,9 @@ import pytest
 
 from leasebox_operator import conditions
 from leasebox_operator.conditions import ConditionUpdate
+from leasebox_operator.errors import InvalidSpec
 from leasebox_operator.models import Condition, PoolSpec
-from leasebox_operator.reconcile import InvalidSpec, parse_pool
+from leasebox_operator.reconcile import parse_pool
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 from psycopg import conninfo
 
+from leasebox.db.migrations import expected_schema_version
 from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
-from leasebox_operator.kube import SecretError
+from leasebox_operator.errors import PollError, SecretError
 from leasebox_operator.models import PoolSpec
-from leasebox_operator.polling import PollError
 from leasebox_operator.settings import OperatorSettings
 
 SPEC = PoolSpec.model_validate({
@@ -32,7 +32,7 @@ class SecretStore:
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         self.reads += 1
         if (name, key) not in self.values:
-            raise SecretError("SecretNotFound", f"Secret {namespace}/{name} does not exist")
+            raise SecretError(f"Secret {namespace}/{name} does not exist", "SecretNotFound")
         return self.values[(name, key)]
 
 
@@ -59,8 +59,8 @@ async def test_pools_sharing_a_database_share_one_connection_pool(
 ) -> None:
     _insert(db_conn, 5)
     store = SecretStore({("db", "dsn"): db_dsn})
-    first = DatabaseBacklogSource(store, "mail", pools)  # type: ignore[arg-type]
-    second = DatabaseBacklogSource(store, "other", pools)  # type: ignore[arg-type]
+    first = DatabaseBacklogSource(store, "mail", pools)
+    second = DatabaseBacklogSource(store, "other", pools)
     assert (await first.fetch(SPEC, 5.0)).pending == 5
     assert (await second.fetch(SPEC, 5.0)).ready == 5
     await first.fetch(SPEC, 5.0)
@@ -106,14 +106,44 @@ async def test_an_unreachable_database_is_reported_without_its_password(
 async def test_a_missing_secret_or_a_malformed_dsn_is_a_poll_error(
     pools: ConnectionPools,
 ) -> None:
-    missing = DatabaseBacklogSource(SecretStore({}), "mail", pools)  # type: ignore[arg-type]
+    missing = DatabaseBacklogSource(SecretStore({}), "mail", pools)
     with pytest.raises(PollError) as caught:
         await missing.fetch(SPEC, 5.0)
     assert (caught.value.reason, caught.value.message) == (
         "SecretNotFound", "Secret mail/db does not exist")  # fmt: skip
     garbled = SecretStore({("db", "dsn"): "host=db password=s3cret port"})
-    source = DatabaseBacklogSource(garbled, "mail", pools)  # type: ignore[arg-type]
+    source = DatabaseBacklogSource(garbled, "mail", pools)
     with pytest.raises(PollError) as caught:
         await source.fetch(SPEC, 5.0)
     assert caught.value.reason == "InvalidDSN"
     assert "s3cret" not in caught.value.message
+
+
+async def test_the_schema_is_missing_outdated_or_current_with_the_fix_in_the_message(
+    pools: ConnectionPools, empty_db_dsn: str, db_dsn: str
+) -> None:
+    manual = PoolSpec.model_validate(
+        SPEC.model_dump(by_alias=True) | {"database": {"secretRef": {"name": "db"},
+                                                       "migrations": "Manual"}}
+    )  # fmt: skip
+    empty = DatabaseBacklogSource(SecretStore({("db", "dsn"): empty_db_dsn}), "mail", pools)
+    missing = await empty.check_schema(manual)
+    assert missing is not None
+    assert missing.reason == "SchemaMissing"
+    assert "run `leasebox migrate --schema leasebox`" in missing.message
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM leasebox.schema_migrations WHERE version = %s",
+                     (expected_schema_version(),))  # fmt: skip
+    source = DatabaseBacklogSource(SecretStore({("db", "dsn"): db_dsn}), "mail", pools)
+    outdated = await source.check_schema(SPEC)
+    assert outdated is not None
+    assert outdated.reason == "SchemaOutdated"
+    assert f"this release needs {expected_schema_version()}" in outdated.message
+    assert "init container" in outdated.message  # migrations: Auto
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO leasebox.schema_migrations (version, name) VALUES (%s, 'x')",
+                     (expected_schema_version(),))  # fmt: skip
+    assert await source.check_schema(SPEC) is None
+    assert await source.check_schema(SPEC) is None  # cached: no second query for a minute

@@ -9,7 +9,6 @@ import pytest
 from leasebox.cli.main import build_parser, main
 from leasebox.cli.operator import operator_settings
 from leasebox.errors import ConfigurationError
-from leasebox_operator.kube import resource_path
 from leasebox_operator.settings import OperatorSettings
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "outboxworkerpools.leasebox.dev.yaml"
@@ -35,6 +34,24 @@ def test_operator_flags_become_settings(monkeypatch: pytest.MonkeyPatch) -> None
     assert settings.worker_image == "img:1"
     assert settings.statement_timeout_seconds == 2.5
     assert settings.finalizer == "leasebox.dev/finalizer"
+
+
+def test_a_random_priority_ranks_replicas_of_one_deployment_apart() -> None:
+    priorities = {
+        operator_settings(build_parser().parse_args(["operator", "--priority", "random"])).priority
+        for _ in range(20)
+    }
+    assert len(priorities) == 20
+    assert all(0 < p < 2**31 for p in priorities)
+
+
+def test_a_priority_that_is_neither_a_number_nor_random_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["operator", "--priority", "high"])
+    assert caught.value.code == 2
+    assert "'high' is not a whole number or 'random'" in capsys.readouterr().err
 
 
 def test_operator_defaults_to_all_namespaces_with_peering() -> None:
@@ -65,12 +82,15 @@ def test_bad_environment_settings_are_one_clear_error() -> None:
     assert settings.api_backoffs == (0.2, 0.5)
 
 
-def test_resource_paths_follow_the_api_layout() -> None:
-    assert resource_path("v1", "secrets", "mail", "db") == "/api/v1/namespaces/mail/secrets/db"
-    assert (
-        resource_path("apps/v1", "deployments", "mail")
-        == "/apis/apps/v1/namespaces/mail/deployments"
-    )
-    assert resource_path("leasebox.dev/v1alpha1", "outboxworkerpools", "m", "p", "status") == (
-        "/apis/leasebox.dev/v1alpha1/namespaces/m/outboxworkerpools/p/status"
-    )
+def test_a_bad_operator_setting_exits_2_with_one_json_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    monkeypatch.setenv("LEASEBOX_OPERATOR_METRICS_PORT", "lots")
+    assert main(["operator", "--log-format", "json"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    entry = json.loads(line)
+    assert (entry["level"], entry["command"], entry["exit_code"]) == ("critical", "operator", 2)
+    assert entry["error"] == "ConfigurationError"
+    assert "LEASEBOX_OPERATOR_METRICS_PORT='lots'" in entry["message"]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from leasebox.store.backlog import Backlog, KindBacklog
+from leasebox_operator.errors import PoolProblem
 from leasebox_operator.metrics import OperatorMetrics
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.polling import (
@@ -46,8 +47,16 @@ def _backlog(ready: int, *, age: float = 0.0, pending: int | None = None,
 
 
 class FakeSource:
+    """The database side of a poll (implements `polling.BacklogSource`)."""
+
     def __init__(self) -> None:
         self.next: Backlog | PollError = _backlog(0)
+        self.schema: PoolProblem | None = None
+
+    async def check_schema(self, spec: PoolSpec) -> PoolProblem | None:
+        if isinstance(self.next, PollError):
+            raise self.next
+        return self.schema
 
     async def fetch(self, spec: PoolSpec, window_seconds: float) -> Backlog:
         if isinstance(self.next, PollError):
@@ -56,8 +65,10 @@ class FakeSource:
 
 
 class FakeKube:
+    """The worker Deployment and Events of one pool (implements `polling.PoolKube`)."""
+
     def __init__(self, replicas: int = 1) -> None:
-        self.deployment: DeploymentState | None = DeploymentState(replicas, replicas)
+        self.deployment: DeploymentState | None = DeploymentState(replicas, replicas, replicas)
         self.scaled: list[int] = []
         self.events: list[tuple[str, str, str]] = []
 
@@ -66,9 +77,9 @@ class FakeKube:
 
     async def scale(self, replicas: int) -> None:
         self.scaled.append(replicas)
-        self.deployment = DeploymentState(replicas, replicas)
+        self.deployment = DeploymentState(replicas, replicas, replicas)
 
-    def event(self, type_: str, reason: str, message: str) -> None:
+    async def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
 
     def reasons(self) -> list[str]:
@@ -132,7 +143,7 @@ async def test_idle_polls_patch_nothing_after_the_first(harness: Harness) -> Non
     assert len(harness.patches) == 1
     first = harness.patches[0]
     assert {c["type"] for c in first["conditions"]} == {
-        "DatabaseReachable", "SLAMet", "ScalingLimited", "Paused"}  # fmt: skip
+        "Ready", "DatabaseReachable", "SLAMet", "ScalingLimited", "Paused"}  # fmt: skip
     for _ in range(3):
         await harness.poll()
     assert len(harness.patches) == 1
@@ -143,14 +154,16 @@ async def test_idle_polls_patch_nothing_after_the_first(harness: Harness) -> Non
 async def test_database_outage_keeps_replicas_and_backs_off_with_one_event(
     harness: Harness,
 ) -> None:
-    harness.kube.deployment = DeploymentState(4, 4)
+    harness.kube.deployment = DeploymentState(4, 4, 4)
     await harness.poll()
-    harness.source.next = PollError("ConnectionFailed", "cannot connect to PostgreSQL at db:5432")
+    harness.source.next = PollError("cannot connect to PostgreSQL at db:5432", "ConnectionFailed")
     delays = [await harness.poll() for _ in range(5)]
     assert delays == [1.0, 2.0, 4.0, 8.0, 8.0]
-    assert harness.kube.deployment == DeploymentState(4, 4)
+    assert harness.kube.deployment == DeploymentState(4, 4, 4)
     condition = harness.condition("DatabaseReachable")
     assert (condition["status"], condition["reason"]) == ("False", "ConnectionFailed")
+    ready = harness.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ConnectionFailed")
     assert harness.kube.reasons().count("DatabaseUnreachable") == 1
     assert harness.sample("leasebox_operator_poll_errors_total") == 5
     harness.source.next = _backlog(0)
@@ -191,7 +204,7 @@ async def test_scale_down_waits_for_the_stabilisation_window(harness: Harness) -
 
 
 async def test_a_restarted_poller_waits_a_window_before_scaling_down(harness: Harness) -> None:
-    harness.kube.deployment = DeploymentState(6, 6)
+    harness.kube.deployment = DeploymentState(6, 6, 6)
     for _ in range(10):
         await harness.poll()
     assert harness.kube.scaled == []
@@ -228,10 +241,13 @@ async def test_metrics_follow_the_poll(harness: Harness) -> None:
     )
     assert harness.sample("leasebox_pool_sla_seconds") == 60
     assert harness.sample("leasebox_pool_max_replicas") == 20
-    assert harness.sample("leasebox_pool_sent_per_second") == 5.0
     assert harness.sample("leasebox_pool_replicas") == harness.kube.deployment.replicas  # type: ignore[union-attr]
     assert harness.metrics.registry.get_sample_value(
         "leasebox_operator_poll_duration_seconds_count") == 1  # fmt: skip
+    assert harness.sample("leasebox_pool_arrivals_total") == 0  # nothing measured before
+    harness.source.next = _backlog(7, pending=19, age=13, sent_in_window=25)
+    await harness.poll()
+    assert harness.sample("leasebox_pool_arrivals_total") == pytest.approx(7.0)  # 5/s + 10/5s
     harness.metrics.forget("mail", "otp")
     assert harness.sample("leasebox_pool_messages", state="pending") is None
 
@@ -252,3 +268,81 @@ def test_windows_and_backoff_are_bounded() -> None:
     assert rate_window(5) == 15.0
     assert rate_window(60) == 60.0
     assert [backoff_delay(n, 2, 10) for n in (1, 2, 3, 4)] == [2, 4, 8, 10]
+
+
+def _ready(harness: Harness) -> tuple[str, str, str]:
+    ready = harness.condition("Ready")
+    return ready["status"], ready["reason"], ready["message"]
+
+
+async def test_ready_sums_up_database_schema_and_workers(harness: Harness) -> None:
+    harness.status.problems["spec"] = None  # the reconcile handler's part is fine
+    await harness.poll()
+    assert _ready(harness) == ("True", "Available", "1 of 1 workers available")
+    harness.kube.deployment = DeploymentState(2, 0, 0)
+    await harness.poll(_spec(paused=True))
+    status, reason, message = _ready(harness)
+    assert (status, reason) == ("False", "WorkersUnavailable")
+    assert message.startswith("0 of 2 workers are available")
+    harness.kube.deployment = DeploymentState(0, 0, 0)
+    await harness.poll(_spec(scaling={**SPEC["scaling"], "minReplicas": 0}))
+    assert _ready(harness)[:2] == ("True", "Available")
+
+
+async def test_a_missing_schema_migrated_by_hand_is_reported_with_the_fix_and_one_event(
+    harness: Harness,
+) -> None:
+    harness.status.problems["spec"] = None
+    harness.source.schema = PoolProblem("the leasebox schema 'leasebox' does not exist; run "
+                                        "`leasebox migrate`", "SchemaMissing")  # fmt: skip
+    manual = _spec(database={**SPEC["database"], "migrations": "Manual"})
+    for _ in range(3):
+        await harness.poll(manual)
+    status, reason, message = _ready(harness)
+    assert (status, reason) == ("False", "SchemaMissing")
+    assert "leasebox migrate" in message
+    assert harness.condition("DatabaseReachable")["status"] == "True"
+    assert harness.kube.reasons() == ["SchemaMissing"]
+    assert harness.kube.scaled == []
+    harness.source.schema = None
+    await harness.poll(manual)
+    assert harness.kube.reasons() == ["SchemaMissing", "SchemaReady"]
+    assert _ready(harness)[0] == "True"
+
+
+async def test_a_pool_at_zero_whose_workers_migrate_starts_one_worker_to_migrate(
+    harness: Harness,
+) -> None:
+    harness.kube.deployment = DeploymentState(0, 0, 0)
+    harness.source.schema = PoolProblem("the schema does not exist", "SchemaMissing")
+    await harness.poll(_spec(scaling={**SPEC["scaling"], "minReplicas": 0}))
+    assert harness.kube.scaled == [1]
+    assert "init container migrates it" in harness.kube.events[-1][2]
+
+
+async def test_in_mode_external_the_replicas_follow_spec_replicas_within_bounds(
+    harness: Harness,
+) -> None:
+    external = {**SPEC["scaling"], "mode": "External", "maxReplicas": 5}
+    harness.source.next = _backlog(3000, age=40)
+    await harness.poll(_spec(scaling=external, replicas=3))
+    assert harness.kube.scaled == [3]
+    assert "spec.replicas is 3 (mode External)" in harness.kube.events[-1][2]
+    await harness.poll(_spec(scaling=external, replicas=9))
+    assert harness.kube.scaled == [3, 5]
+    limited = harness.condition("ScalingLimited")
+    assert (limited["status"], limited["reason"]) == ("True", "LimitReached")
+    assert harness.status.fields["desiredReplicas"] == 5
+    await harness.poll(_spec(scaling=external))  # no spec.replicas: keep what runs
+    assert harness.kube.scaled == [3, 5]
+
+
+def test_the_operator_registry_has_its_build_info_and_the_process_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from leasebox.version import __version__
+
+    metrics = OperatorMetrics()
+    labels = {"version": __version__, "component": "operator"}
+    assert metrics.registry.get_sample_value("leasebox_build_info", labels) == 1
+    assert "process_resident_memory_bytes" in generate_latest(metrics.registry).decode()

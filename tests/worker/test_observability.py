@@ -172,3 +172,16 @@ async def test_a_crashing_readiness_check_is_a_503_not_an_error() -> None:
             assert "RuntimeError" in await response.text()
     finally:
         await server.stop()
+
+
+def test_the_worker_registry_has_its_build_info_and_the_process_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from leasebox.version import __version__
+
+    metrics = WorkerMetrics()
+    labels = {"version": __version__, "component": "worker"}
+    assert metrics.registry.get_sample_value("leasebox_build_info", labels) == 1
+    exposition = generate_latest(metrics.registry).decode()
+    assert "process_cpu_seconds_total" in exposition
+    assert "python_info" in exposition

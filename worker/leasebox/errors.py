@@ -31,11 +31,20 @@ PERMANENT = "permanent"
 
 
 class LeaseboxError(Exception):
-    """Base class of every error leasebox raises on purpose."""
+    """Base class of every error leasebox raises on purpose.
+
+    `exit_code` is what a command exits with when the error ends it: 1 for a runtime
+    failure (a database that cannot be reached, a schema not migrated), 2 for a usage or
+    configuration error that no retry fixes.
+    """
+
+    exit_code = 1
 
 
 class ConfigurationError(LeaseboxError):
     """A setting is missing or malformed (DSN, schema name, provider URL, keys, flags)."""
+
+    exit_code = 2
 
 
 class PayloadKeyError(ConfigurationError):
@@ -120,7 +129,10 @@ class TemplateError(DeliveryError):
     """A template is missing, malformed or uses a variable the message does not supply.
 
     For the worker this is permanent: the same row would fail the same way on every retry.
+    When it ends a command (a templates directory that is missing), it is a setting to fix.
     """
+
+    exit_code = 2
 
 
 class ProviderUnavailable(DeliveryError):

@@ -114,28 +114,45 @@ Call with (dict "ctx" $ "namespace" .Values.x.namespace).
 {{- end }}
 
 {{/*
-Rules the operator needs in every namespace it watches (namespaced mode) or cluster-wide.
+True (non-empty) when the operator runs with kopf peering: asked for, or more than one replica.
+*/}}
+{{- define "leasebox.peering" -}}
+{{- if or .Values.operator.peering.enabled (gt (int .Values.operator.replicas) 1) }}true{{- end }}
+{{- end }}
+
+{{/*
+Rules the operator needs in every namespace it watches (namespaced mode) or cluster-wide:
+only the verbs it uses. kopf watches and patches pools (finalizer, annotations) and their
+status; children are read, created and server-side applied (patch); replicas change through
+the Deployment's scale subresource; Events are created, never updated.
 */}}
 {{- define "leasebox.namespacedRules" -}}
 - apiGroups: ["leasebox.dev"]
   resources: ["outboxworkerpools"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["leasebox.dev"]
   resources: ["outboxworkerpools/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["create", "get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create", "get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["secrets"]
+  {{- with .Values.rbac.secretNames }}
+  resourceNames:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "prometheusrules"]
-  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}

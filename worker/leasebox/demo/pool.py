@@ -55,7 +55,7 @@ class WorkerOptions:
         return [
             sys.executable,
             "-m",
-            "leasebox.cli.main",
+            "leasebox",
             "worker",
             "--dsn",
             self.dsn,

@@ -82,6 +82,17 @@ class _Masking(logging.Formatter):
         return text
 
 
+def fatal_line(command: str, exc: BaseException, *, with_traceback: bool = False) -> str:
+    """The one JSON line a command ends with on a fatal error (the schema of every line)."""
+    record = logging.LogRecord(LOGGER_NAME, logging.CRITICAL, "", 0, str(exc), None, None)
+    record.command = command
+    record.error = type(exc).__name__
+    record.exit_code = getattr(exc, "exit_code", 1)
+    if with_traceback:
+        record.exc_info = (type(exc), exc, exc.__traceback__)
+    return JsonFormatter().format(record)
+
+
 def default_format(stream: TextIO) -> str:
     """`text` when writing to a terminal, `json` otherwise (containers, files, pipes)."""
     return "text" if stream.isatty() else "json"

@@ -17,9 +17,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from leasebox.states import DeadReason
+from leasebox.version import __version__
 
 DELIVERY_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300, 600)
 SEND_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -34,6 +44,7 @@ METRIC_NAMES = (
     "leasebox_send_duration_seconds",
     "leasebox_delivery_latency_seconds",
     "leasebox_inflight_sends",
+    "leasebox_build_info",
 )
 
 
@@ -105,6 +116,17 @@ class WorkerMetrics:
         self.inflight = Gauge(
             "leasebox_inflight_sends", "Sends currently waiting on the provider.", registry=r
         )
+        # The version and the process metrics, in this registry as in the operator's.
+        build = Gauge(
+            "leasebox_build_info",
+            "Always 1; the labels name the running version",
+            ("version", "component"),
+            registry=r,
+        )
+        build.labels(__version__, "worker").set(1)
+        ProcessCollector(registry=r)
+        r.register(PLATFORM_COLLECTOR)
+        r.register(GC_COLLECTOR)
         self._kinds: dict[str, KindSeries] = {}
 
     def kind(self, kind: str) -> KindSeries:

@@ -29,6 +29,7 @@ from leasebox.db.connections import (
     POOL_TIMEOUT,
     connection_error,
 )
+from leasebox.db.migrations import expected_schema_version
 from leasebox.db.queries import query
 from leasebox.delivery.providers import provider_from_url
 from leasebox.delivery.providers.base import Provider
@@ -144,8 +145,16 @@ async def check_database(dsn: str, schema: str) -> None:
     async with conn:
         cur = await conn.execute(query("schema_present", schema), {"schema_name": schema})
         row = await cur.fetchone()
-    if not row or not row[0]:
-        raise NotMigrated(schema)
+        if not row or not row[0]:
+            raise NotMigrated(schema)
+        try:
+            cur = await conn.execute(query("schema_version", schema))
+            found = await cur.fetchone()
+        except psycopg.errors.UndefinedTable:
+            raise NotMigrated(schema, "it has no migration history") from None
+    applied, needed = int(found[0] if found else 0), expected_schema_version()
+    if applied < needed:  # claiming on an older schema could miss columns this image writes
+        raise NotMigrated(schema, f"it is at version {applied}, this image needs {needed}")
 
 
 async def start_provider(provider: Provider) -> None:

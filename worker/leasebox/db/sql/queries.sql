@@ -381,3 +381,7 @@ LISTEN {notify_channel_name};
 -- Whether the outbox and receipts tables exist in a schema.
 SELECT count(*) = 2 FROM pg_catalog.pg_tables
 WHERE schemaname = %(schema_name)s AND tablename IN ('outbox', 'receipts');
+
+-- name: schema_version
+-- The newest migration applied to the schema (the operator and the worker compare it with theirs).
+SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations;

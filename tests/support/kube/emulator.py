@@ -41,7 +41,7 @@ from typing import Any
 import kmock
 import pytest
 
-from kube_api_server import EVENTS, EmulatedKubeAPI
+from support.kube.server import EVENTS, EmulatedKubeAPI
 
 __all__ = ["EmulatedKubeAPI", "KubeEmulator", "kube_emulator"]
 

@@ -12,29 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from kube_emulator import KubeEmulator
 from leasebox_operator.crd import custom_resource_definition
+from support.kube.emulator import KubeEmulator
 
-T = TypeVar("T")
 POOLS = ("leasebox.dev/v1alpha1", "outboxworkerpools")
-
-
-def wait_for(probe: Callable[[], T | None], *, what: str, timeout: float = 10.0) -> T:
-    """Call `probe` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
 
 
 def free_port() -> int:
@@ -70,6 +56,11 @@ class Cluster:
     def condition(self, kind: str) -> dict[str, Any] | None:
         return next((c for c in self.status().get("conditions", []) if c["type"] == kind), None)
 
+    def condition_message(self, kind: str) -> str:
+        """The message of the pool's condition `kind` ("" while it has none)."""
+        found = self.condition(kind)
+        return str(found["message"]) if found else ""
+
     def condition_is(self, kind: str, status: str, reason: str | None = None) -> bool:
         found = self.condition(kind)
         return bool(found and found["status"] == status and reason in (None, found["reason"]))
@@ -98,6 +89,55 @@ class Cluster:
         return [str(e.get("reason")) for e in self.events()]
 
 
+def prepare_cluster(kube: KubeEmulator, database_dsn: str, provider_url: str = "log://") -> None:
+    """What an install leaves behind: the CRD, and the two Secrets a pool refers to."""
+    kube.apply_crd(custom_resource_definition())
+    kube.create("v1", "secrets", secret("leasebox-database", "dsn", database_dsn))
+    kube.create("v1", "secrets", secret("leasebox-provider", "url", provider_url))
+
+
+class OperatorProcess:
+    """One `leasebox operator` subprocess against the emulated cluster."""
+
+    def __init__(
+        self, kube: KubeEmulator, workdir: Path, *, flags: Sequence[str], identity: str
+    ) -> None:
+        self.identity = identity
+        self.metrics_port = free_port()
+        self.log_path = workdir / f"operator-{identity}.log"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kube.write_kubeconfig(workdir / "kubeconfig")),
+            "POD_ID": identity,
+            "LEASEBOX_OPERATOR_CONNECT_TIMEOUT": "1",
+            "LEASEBOX_OPERATOR_MAX_POLL_BACKOFF": "1",
+            "LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5",
+            "LEASEBOX_OPERATOR_RESYNC": "2",
+        }
+        command = [
+            sys.executable, "-m", "leasebox", "operator", "--liveness", "none",
+            "--metrics-port", str(self.metrics_port), "--log-format", "plain", *flags,
+            *os.environ.get("LEASEBOX_E2E_OPERATOR_FLAGS", "").split(),
+        ]  # fmt: skip
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> str:
+        """SIGTERM, wait, and return the log (which must hold no traceback)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        log_text = self.log_path.read_text(errors="replace")
+        print(f"\n--- operator {self.identity} log (tail) ---\n"
+              + "\n".join(log_text.splitlines()[-40:]))  # fmt: skip
+        assert "Traceback" not in log_text, f"operator {self.identity} logged a traceback"
+        return log_text
+
+
 @contextmanager
 def running_operator(
     kube: KubeEmulator, database_dsn: str, workdir: Path, *, provider_url: str = "log://"
@@ -106,35 +146,10 @@ def running_operator(
 
     On exit the operator gets SIGTERM; its log must hold no traceback and no DSN.
     """
-    kube.apply_crd(custom_resource_definition())
-    kube.create("v1", "secrets", secret("leasebox-database", "dsn", database_dsn))
-    kube.create("v1", "secrets", secret("leasebox-provider", "url", provider_url))
-    metrics_port = free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kube.write_kubeconfig(workdir / "kubeconfig")),
-        "LEASEBOX_OPERATOR_CONNECT_TIMEOUT": "1",
-        "LEASEBOX_OPERATOR_MAX_POLL_BACKOFF": "1",
-        "LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5",
-    }
-    log_path = workdir / "operator.log"
-    command = [
-        sys.executable, "-m", "leasebox", "operator", "--namespace", "default",
-        "--standalone", "--liveness", "none", "--metrics-port", str(metrics_port),
-        "--log-format", "plain", *os.environ.get("LEASEBOX_E2E_OPERATOR_FLAGS", "").split(),
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    prepare_cluster(kube, database_dsn, provider_url)
+    flags = ["--namespace", "default", "--standalone"]
+    operator = OperatorProcess(kube, workdir, flags=flags, identity="operator-0")
     try:
-        yield metrics_port
+        yield operator.metrics_port
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log_text = log_path.read_text(errors="replace")
-        print("\n--- operator log (tail) ---\n" + "\n".join(log_text.splitlines()[-40:]))
-        assert "Traceback" not in log_text, "the operator logged a traceback"
-        assert database_dsn not in log_text
+        assert database_dsn not in operator.stop()

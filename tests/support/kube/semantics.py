@@ -144,6 +144,26 @@ def api_error(status: int, reason: str, message: str) -> kmock.KubernetesError:
     )
 
 
+def apply_defaults(schema: Body, value: Any) -> Any:
+    """`value` with an OpenAPI schema's defaults filled in, recursively (a copy), as the API
+    server defaults a custom resource before it validates and stores it."""
+    value = copy.deepcopy(value)
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = apply_defaults(sub, value[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in list(value):
+                if key not in (schema.get("properties") or {}):
+                    value[key] = apply_defaults(extra, value[key])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        value = [apply_defaults(schema["items"], item) for item in value]
+    return value
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge-patch: dicts merge, null removes a key, anything else replaces."""
     if not isinstance(patch, dict):

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import copy
 import datetime
-import json
 import secrets
 import string
 import threading
@@ -30,29 +29,34 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-from kmock._internal.rendering import Response  # exported by kmock 0.8, but not in its __all__
+import yaml
 
-from kube_api_semantics import (
+from support.kube import tables
+from support.kube.apply import ApplyConflict, FieldOwnership
+from support.kube.requests import manager_of, named, parse_request, with_status
+from support.kube.semantics import (
     WatchChange,
     api_error,
+    apply_defaults,
     builtin_resources,
     crd_resources,
     deployment_status,
     get_path,
-    guess_action,
     matches_selectors,
     merge_patch,
-    parse_path,
     scale_of,
     set_path,
     spec_part,
 )
+from support.kube.watching import Watcher, stream_watch
 
 Body = dict[str, Any]
 Key = tuple[kmock.resource, str | None, str]
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _NAME_ALPHABET = string.ascii_lowercase + string.digits
+APPLY_PATCH = "application/apply-patch+yaml"
+DIRECT_MANAGER = "emulator-direct"  # the manager of writes made through the direct methods
 _MERGE_TYPES = {
     "application/merge-patch+json",
     "application/strategic-merge-patch+json",
@@ -67,54 +71,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _parse_request(raw: aiohttp.web.BaseRequest, request_id: int) -> kmock.Request:
-    body = await raw.read()
-    try:
-        data = json.loads(body) if body else None
-    except ValueError:
-        data = None
-    params = dict(raw.query)
-    parsed = parse_path(raw.path)
-    resource, namespace, name, subresource = parsed if parsed else (None, None, None, None)
-    return kmock.Request(
-        id=request_id,
-        raw_request=raw,
-        url=raw.url,
-        method=raw.method,
-        params=params,
-        headers=dict(raw.headers),
-        cookies=dict(raw.cookies),
-        body=body,
-        text=body.decode("utf-8", "replace"),
-        data=data,
-        action=guess_action(name, raw.method, params) if parsed else None,
-        resource=resource,
-        namespace=namespace,
-        name=name,
-        subresource=subresource,
-    )
-
-
-def _with_status(obj: Body, status: Any) -> Body:
-    """A copy of `obj` whose status is `status` (none when it is None)."""
-    result = {key: copy.deepcopy(value) for key, value in obj.items() if key != "status"}
-    return result if status is None else result | {"status": copy.deepcopy(status)}
-
-
-def _named(request: kmock.Request) -> tuple[kmock.resource, str]:
-    if request.resource is None or request.name is None:
-        raise kmock.KubernetesEndpointNotFoundError()
-    return request.resource, request.name
-
-
-@attrs.define(eq=False)
-class _Watcher:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[WatchChange | None]
-
-    def push(self, change: WatchChange | None) -> None:
-        with contextlib.suppress(RuntimeError):  # the watcher's loop is already closed
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, change)
+def _accept(request: kmock.Request) -> str:
+    return {key.lower(): value for key, value in request.headers.items()}.get("accept", "")
 
 
 @attrs.define(kw_only=True)
@@ -127,10 +85,13 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
     _state_lock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     _rv: int = attrs.field(default=0, init=False)
     _changes: list[WatchChange] = attrs.field(factory=list, init=False)
-    _watchers: set[_Watcher] = attrs.field(factory=set, init=False)
+    _watchers: set[Watcher] = attrs.field(factory=set, init=False)
     _scale_paths: dict[kmock.resource, tuple[str, str, str | None]] = attrs.field(
         factory=dict, init=False
     )
+    _fields: dict[Key, FieldOwnership] = attrs.field(factory=dict, init=False)
+    _columns: dict[kmock.resource, list[Body]] = attrs.field(factory=dict, init=False)
+    _schemas: dict[kmock.resource, Body] = attrs.field(factory=dict, init=False)
     _loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -152,14 +113,17 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         try:
-            request = await _parse_request(raw_request, len(self._requests))
+            request = await parse_request(raw_request, len(self._requests))
             self._requests.append(request)
-            return await self._handle(request)
+            response = await self._handle(request)
         except kmock.KubernetesError as exc:
             return await self._render_error(exc)
         except Exception as exc:  # an emulator bug: reported as 500 and kept for the fixture
             self.server_errors.append(exc)
             return await self._render_error(exc)
+        if request.action == kmock.action.CREATE and response.status == 200:
+            response.set_status(201)  # a create answers 201 Created, as the API server does
+        return response
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Skip kmock's own object tracking: the fallbacks below keep the state.
@@ -215,7 +179,13 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                 if matches_selectors(obj.raw, label_selector, field_selector)
             ]
 
-    def create_object(self, resource: kmock.resource, namespace: str | None, body: Body) -> Body:
+    def create_object(
+        self,
+        resource: kmock.resource,
+        namespace: str | None,
+        body: Body,
+        manager: str = DIRECT_MANAGER,
+    ) -> Body:
         info = self.info(resource)
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
@@ -242,6 +212,9 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             obj.update({"apiVersion": group_version, "kind": info.kind})
             if "status" in info.subresources:
                 obj.pop("status", None)
+            if resource in self._schemas:
+                obj = apply_defaults(self._schemas[resource], obj)
+                meta = obj["metadata"]
             for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(field, None)
             if namespace is not None:
@@ -255,6 +228,9 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                     {"type": t, "status": "True"} for t in ("NamesAccepted", "Established")
                 ]
                 obj["status"] = {"acceptedNames": names, "conditions": conditions}
+            meta.pop("managedFields", None)
+            self._fields[key] = FieldOwnership()
+            self._own(key, manager, None, obj)
             self._store(key, "ADDED", obj, None)
             self._after_write(key)
             return copy.deepcopy(obj)
@@ -267,13 +243,17 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         change: Body | list[Any],
         content_type: str,
         subresource: str | None = None,
+        manager: str = DIRECT_MANAGER,
+        force: bool = False,
     ) -> Body:
-        """Patch (merge or JSON) or replace (content type "replace") an object or subresource."""
+        """Patch (merge, JSON or apply) or replace ("replace") an object or subresource."""
         info = self.info(resource)
         if subresource is not None and subresource not in info.subresources:
             raise api_error(404, "NotFound", f"{resource.plural} has no {subresource} subresource")
         with self._state_lock:
             key = self._key(resource, namespace, name)
+            if content_type == APPLY_PATCH:
+                return self._server_side_apply(key, change, manager, force, subresource)
             old = self._stored(key)
             target = scale_of(old, self._scale_paths[resource]) if subresource == "scale" else old
             changed = self._apply(target, change, content_type)
@@ -281,11 +261,46 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                 spec_path = self._scale_paths[resource][0]
                 replicas = get_path(changed, ".spec.replicas")
                 changed = set_path(copy.deepcopy(old), spec_path, replicas)
-            new = self._merge_update(info, old, changed, subresource)
+            new = self._merge_update(info, old, changed, subresource, resource)
+            if subresource != "status":
+                self._own(key, manager, old, new)
             if new != old:
                 self._store(key, "MODIFIED", new, old)
                 self._after_write(key)
             return self.get_scale(key) if subresource == "scale" else copy.deepcopy(new)
+
+    def _server_side_apply(
+        self, key: Key, config: Any, manager: str, force: bool, subresource: str | None
+    ) -> Body:
+        """Apply `config` as `manager` (creating the object when it does not exist)."""
+        if not isinstance(config, dict) or subresource is not None:
+            raise api_error(400, "BadRequest", "apply takes one object, on the main resource")
+        if not manager:
+            raise api_error(400, "BadRequest", "fieldManager is required for apply patches")
+        resource, namespace, name = key
+        if (config.get("metadata") or {}).get("name") not in {None, name}:
+            raise api_error(400, "BadRequest", "the name of the object does not match the URL")
+        if key not in self._objects or self._objects[key].deleted:
+            self.create_object(resource, namespace, config, manager="")
+            self._fields[key] = FieldOwnership()  # the apply below owns what it created
+        old = self._stored(key)
+        try:
+            applied = self._fields[key].apply(old, config, manager, force=force)
+        except ApplyConflict as exc:
+            raise api_error(409, "Conflict", f"Apply failed with conflicts: {exc}") from None
+        new = self._merge_update(self.info(resource), old, applied, None, resource)
+        new["metadata"]["managedFields"] = self._fields[key].managed_fields(old["apiVersion"])
+        if new != old:
+            self._store(key, "MODIFIED", new, old)
+            self._after_write(key)
+        return copy.deepcopy(self._objects[key].raw)
+
+    def _own(self, key: Key, manager: str, old: Body | None, new: Body) -> None:
+        """Record an Update by `manager` and show the ownership in `managedFields`."""
+        fields = self._fields.setdefault(key, FieldOwnership())
+        if manager:
+            fields.record_update(manager, old, new)
+        new["metadata"]["managedFields"] = fields.managed_fields(new["apiVersion"])
 
     def get_scale(self, key: Key) -> Body:
         with self._state_lock:
@@ -371,12 +386,17 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         raise api_error(415, "UnsupportedMediaType", f"unsupported patch: {content_type}")
 
     def _merge_update(
-        self, info: kmock.ResourceInfo, old: Body, new: Body, subresource: str | None
+        self,
+        info: kmock.ResourceInfo,
+        old: Body,
+        new: Body,
+        subresource: str | None,
+        resource: kmock.resource,
     ) -> Body:
         if subresource == "status":
-            new = _with_status(old, new.get("status"))
+            new = with_status(old, new.get("status"))
         elif "status" in info.subresources:
-            new = _with_status(new, old.get("status"))
+            new = with_status(new, old.get("status"))
         given_rv = new.get("metadata", {}).get("resourceVersion")
         if given_rv is not None and given_rv != old["metadata"]["resourceVersion"]:
             raise api_error(409, "Conflict", "the object has been modified; reload and retry")
@@ -390,6 +410,7 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
             "resourceVersion",
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
+            "managedFields",
         ):
             meta.pop(field, None)
             if field in old["metadata"]:
@@ -398,6 +419,9 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         added = set(meta.get("finalizers", [])) - set(old["metadata"].get("finalizers", []))
         if meta.get("deletionTimestamp") and added:
             raise api_error(422, "Invalid", "no new finalizers while being deleted")
+        if subresource != "status" and resource in self._schemas:
+            new = apply_defaults(self._schemas[resource], new)
+            meta = new["metadata"]
         if spec_part(new) != spec_part(old):
             meta["generation"] = old["metadata"].get("generation", 1) + 1
         return new
@@ -427,13 +451,19 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         old = self._objects[key].raw
         status = deployment_status(old, ready_now or self.deployment_ready_delay <= 0)
         if status != old.get("status"):
-            self._store(key, "MODIFIED", _with_status(old, status), old)
+            self._store(key, "MODIFIED", with_status(old, status), old)
 
     def _register_crd(self, crd: Body) -> None:
+        versions = {v["name"]: v for v in crd.get("spec", {}).get("versions", [])}
         for resource, info, scale in crd_resources(crd):
             self._resources[resource] = info
             if scale is not None:
                 self._scale_paths[resource] = scale
+            version = versions.get(resource.version or "", {})
+            self._columns[resource] = list(version.get("additionalPrinterColumns") or [])
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if schema:
+                self._schemas[resource] = schema
 
     def _unregister_crd(self, crd: Body) -> None:
         for resource, _, _ in crd_resources(crd):
@@ -457,6 +487,8 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
                 request.params.get("fieldSelector", ""),
             )
             version = str(self._rv)
+        if tables.wants_table(_accept(request)):
+            return tables.table(items, self._columns.get(resource), version)
         return {
             "apiVersion": f"{resource.group}/{resource.version}".lstrip("/"),
             "kind": f"{info.kind}List",
@@ -473,88 +505,62 @@ class EmulatedKubeAPI(kmock.KubernetesEmulator):
         timeout = request.params.get("timeoutSeconds", "")
         if not (since.isdigit() or since == "") or not (timeout.isdigit() or timeout == ""):
             raise api_error(400, "BadRequest", "resourceVersion and timeoutSeconds are numbers")
-        return self._stream_watch(request, request.resource, since, float(timeout or "inf"))
-
-    async def _stream_watch(
-        self, request: kmock.Request, resource: kmock.resource, since: str, lifetime: float
-    ) -> AsyncIterator[kmock.Payload]:
-        params = request.params
-        label, field = params.get("labelSelector", ""), params.get("fieldSelector", "")
-        if request.name is not None:
-            field = ",".join(filter(None, [field, f"metadata.name={request.name}"]))
-        deadline = asyncio.get_running_loop().time() + lifetime
-        watcher = _Watcher(asyncio.get_running_loop(), asyncio.Queue())
-        backlog: list[Body] = []
-        with self._state_lock:
-            self._watchers.add(watcher)
-            if since in {"", "0"}:
-                for obj in self.list_objects(resource, request.namespace, label, field):
-                    backlog.append({"type": "ADDED", "object": obj})
-                if params.get("sendInitialEvents") == "true":
-                    marker = {
-                        "resourceVersion": str(self._rv),
-                        "annotations": {INITIAL_EVENTS_END: "true"},
-                    }
-                    info = self.info(resource)
-                    version = f"{resource.group}/{resource.version}".lstrip("/")
-                    bookmark = {"apiVersion": version, "kind": info.kind, "metadata": marker}
-                    backlog.append({"type": "BOOKMARK", "object": bookmark})
-            else:
-                later = [c for c in self._changes if c.version > int(since)]
-                events = (c.event_for(resource, request.namespace, label, field) for c in later)
-                backlog.extend(event for event in events if event is not None)
-        try:
-            yield b""  # send the headers now, even if nothing happens for a while
-            for event in backlog:
-                yield event
-            while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
-                try:
-                    change = await asyncio.wait_for(watcher.queue.get(), min(remaining, 3600))
-                except TimeoutError:
-                    continue
-                if change is None:
-                    return
-                live = change.event_for(resource, request.namespace, label, field)
-                if live is not None:
-                    yield live
-        finally:
-            with self._state_lock:
-                self._watchers.discard(watcher)
+        return stream_watch(self, request, request.resource, since, float(timeout or "inf"))
 
     async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         if request.subresource not in {None, *self.info(resource).subresources}:
             raise api_error(404, "NotFound", f"{resource.plural} has no {request.subresource}")
         if request.subresource == "scale":
             return self.get_scale(self._key(resource, request.namespace, name))
-        return self.get_object(resource, request.namespace, name)
+        found = self.get_object(resource, request.namespace, name)
+        if tables.wants_table(_accept(request)):
+            return tables.table([found], self._columns.get(resource), str(self._rv))
+        return found
 
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
         if request.resource is None:
             raise kmock.KubernetesEndpointNotFoundError()
         if not isinstance(request.data, dict):
             raise api_error(400, "BadRequest", "the request body must be a JSON object")
-        obj = self.create_object(request.resource, request.namespace, request.data)
-        return Response(status=201, payload=obj)
+        return self.create_object(
+            request.resource, request.namespace, request.data, manager=manager_of(request)
+        )
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         headers = {key.lower(): value for key, value in request.headers.items()}
         content_type = headers.get("content-type", "").split(";")[0].strip()
         change = request.data
+        if content_type == APPLY_PATCH and change is None:
+            change = yaml.safe_load(request.text)  # kubectl sends YAML
+        force = request.params.get("force") in {"true", "1"}
         return self.update_object(
-            resource, request.namespace, name, change, content_type, request.subresource
+            resource,
+            request.namespace,
+            name,
+            change,
+            content_type,
+            request.subresource,
+            manager=manager_of(request),
+            force=force,
         )
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         change = request.data
         return self.update_object(
-            resource, request.namespace, name, change, "replace", request.subresource
+            resource,
+            request.namespace,
+            name,
+            change,
+            "replace",
+            request.subresource,
+            manager=manager_of(request),
         )
 
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
-        resource, name = _named(request)
+        resource, name = named(request)
         options = request.data if isinstance(request.data, dict) else {}
         policy = request.params.get("propagationPolicy") or options.get("propagationPolicy")
         return self.delete_object(resource, request.namespace, name, orphan=policy == "Orphan")
