@@ -31,7 +31,7 @@ from leasebox.states import DeadReason
 from leasebox.store import claiming
 from leasebox.store.settling import Dead, Retry, Sent
 from support.fault_rig import SETTINGS, judge, rows, run_until_final, seed
-from support.worker_doubles import ScriptedProvider, eventually
+from support.worker_doubles import ScriptedProvider
 
 pytestmark = pytest.mark.slow
 WEIRD_CODE = "Weird Code!! \x00 with spaces and ünïcödé " * 20
@@ -125,7 +125,10 @@ async def test_a_batch_the_database_refuses_is_written_around_the_outcome_it_can
     for message in fine[2:]:
         batcher.put(Outcome(message, Dead(message.lease, DeadReason.REJECTED, "550", "smtp_550")))
     flusher = asyncio.get_running_loop().create_task(batcher.run())
-    await eventually(lambda: len(settled) == 6)
+    async with asyncio.timeout(30):
+        while len(settled) < 6:
+            assert not flusher.done(), "the flusher stopped on an outcome it could not store"
+            await asyncio.sleep(0.01)
     await batcher.close()
     await flusher
     found = {r["id"]: r for r in rows(db_conn).values()}
@@ -168,8 +171,10 @@ async def test_an_outcome_known_at_shutdown_waits_for_the_database_and_is_never_
             worker.request_stop()
             release.set()  # the provider accepts: the worker now knows the message was sent
             # Past the point where an outcome used to be given up (5 s of failed writes).
-            await eventually(lambda: worker.completions.write_failures >= 6, within=60)
-            assert not task.done()
+            async with asyncio.timeout(60):
+                while worker.completions.write_failures < 6:
+                    assert not task.done(), "the worker exited with an outcome it had not written"
+                    await asyncio.sleep(0.05)
         finally:
             _set_connections(server_dsn, db_dsn, allowed=True)
         async with asyncio.timeout(60):
