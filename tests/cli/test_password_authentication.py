@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from leasebox.cli.main import EXIT_RUNTIME
 from leasebox.testing.embedded import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ def test_a_wrong_password_is_one_clear_line_without_any_password(
 ) -> None:
     dsn = scram_server.dsn.replace(RIGHT, WRONG)
     result = leasebox(*command, "--dsn", dsn)
-    assert result.returncode == 2
+    assert result.returncode == EXIT_RUNTIME  # the database refused: not a usage error
     assert result.stderr.splitlines() == [
         f"leasebox {command[0]}: error: cannot connect to PostgreSQL at "
         f"127.0.0.1:{scram_server.port}/postgres: password authentication failed for user "
@@ -75,7 +76,7 @@ def test_a_wrong_password_is_one_clear_line_without_any_password(
 
 def test_a_missing_password_says_that_the_server_wants_one(scram_server: EmbeddedPostgres) -> None:
     result = leasebox("migrate", "--dsn", scram_server.dsn.replace(f":{RIGHT}@", "@"))
-    assert result.returncode == 2
+    assert result.returncode == EXIT_RUNTIME  # the database refused: not a usage error
     assert result.stderr.strip().endswith(
         "no password supplied; the server requires a password and the DSN gives none"
     )
