@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import psycopg
+
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 
 LEASEBOX = [sys.executable, "-m", "leasebox"]
 
@@ -51,8 +54,9 @@ def test_enqueue_from_flags_prints_the_receipt_and_a_retry_reuses_it(db_dsn: str
         "--ttl",
         "300",
     )
-    first = run(*args)
-    second = run(*args)
+    env = {**os.environ, KEYS_VARIABLE: generate_key()}
+    first = run(*args, env=env)
+    second = run(*args, env=env)
     assert first.returncode == 0, first.stderr
     receipt, again = json.loads(first.stdout), json.loads(second.stdout)
     assert receipt["reused"] is False
@@ -79,6 +83,16 @@ def test_an_invalid_message_names_the_field_and_writes_nothing(db_dsn: str) -> N
     assert "Traceback" not in result.stderr
     with psycopg.connect(db_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM leasebox.outbox").fetchone() == (0,)
+
+
+def test_a_nul_byte_in_the_data_is_a_one_line_error_before_any_sql(db_dsn: str) -> None:
+    message = {"kind": "otp", "recipient": "ada@example.com", "data": {"name": "Ada\u0000"}}
+    result = run("enqueue", "--dsn", db_dsn, "--json", stdin=json.dumps(message))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "leasebox enqueue: error: invalid message: data: Value error, must not contain a NUL "
+        "byte or a lone surrogate character"
+    ]
 
 
 def test_status_prints_a_table_and_json(db_dsn: str) -> None:

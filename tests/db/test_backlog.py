@@ -14,11 +14,11 @@ from leasebox.db.queries import query
 from leasebox.store.backlog import fetch_backlog, fetch_backlog_async
 
 SEED = """
-INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key, status, sent_at,
-                             available_at, created_at)
-SELECT CASE WHEN g %% 3 = 0 THEN 'otp' ELSE 'invite' END, 'u' || g || '@example.com', 'otp',
-       'seed:' || g, 'sent', now() - interval '1 hour', now() - interval '2 hours',
-       now() - interval '2 hours'
+INSERT INTO leasebox.outbox (kind, recipient, recipient_key, scope, template, delivery_key,
+                             status, sent_at, available_at, created_at)
+SELECT CASE WHEN g %% 3 = 0 THEN 'otp' ELSE 'invite' END, 'U' || g || '@example.com',
+       'u' || g || '@example.com', 'tenant-' || g %% 500, 'otp', 'seed:' || g, 'sent',
+       now() - interval '1 hour', now() - interval '2 hours', now() - interval '2 hours'
 FROM generate_series(1, %(sent)s) AS g
 """
 SEED_PENDING = """
@@ -122,4 +122,23 @@ def test_reclaiming_expired_leases_uses_the_lease_index(seeded: psycopg.Connecti
         seeded, "reclaim_expired_leases", {"now": None, "limit": 100, "default_max_attempts": 8}
     )
     assert "outbox_leases_idx" in plan
+    assert "Seq Scan" not in plan
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "index"),
+    [
+        (
+            "count_recipient_window",
+            {"recipient_key": "u7@example.com"},
+            "outbox_recipient_key_created_idx",
+        ),
+        ("count_scope_window", {"scope": "tenant-7"}, "outbox_scope_created_idx"),
+    ],
+)
+def test_the_abuse_guard_counts_on_its_indexes(
+    seeded: psycopg.Connection[Any], name: str, params: dict[str, Any], index: str
+) -> None:
+    plan = plan_of(seeded, name, {**params, "window_seconds": 3600})
+    assert index in plan
     assert "Seq Scan" not in plan

@@ -13,6 +13,7 @@ from leasebox.db.migrations import (
     available_migrations,
     migrate,
 )
+from leasebox.db.queries import compose
 from leasebox.errors import ConfigurationError
 from support.schema_catalog import describe_schema
 
@@ -70,3 +71,43 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
 def test_an_invalid_schema_name_is_rejected_before_touching_the_database(name: str) -> None:
     with pytest.raises(ConfigurationError, match="invalid schema name"):
         migrate("postgresql://nobody@127.0.0.1:1/none", name)
+
+
+def test_upgrading_a_populated_0001_schema_normalises_recipients_and_drops_orphan_receipts(
+    empty_db_dsn: str,
+) -> None:
+    initial = available_migrations()[0]
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute(compose(initial.text(), "leasebox"))
+        conn.execute(
+            "CREATE TABLE leasebox.schema_migrations (version integer PRIMARY KEY,"
+            " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        conn.execute("INSERT INTO leasebox.schema_migrations VALUES (1, %s)", (initial.name,))
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key)"
+                " VALUES ('otp', ' Ada@Example.COM', 'otp', 'k1'), ('otp', 'b@x.org', 'otp', 'k2')"
+                " RETURNING id"
+            ).fetchall()
+        ]
+        conn.execute(
+            "INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id,"
+            " expires_at) VALUES ('login', 'r1', 'h', %s, now() + interval '1 day'),"
+            " ('login', 'orphan', 'h', 424242, now() + interval '1 day')",
+            (ids[0],),
+        )
+    assert [m.version for m in migrate(empty_db_dsn)] == [
+        m.version for m in available_migrations()[1:]
+    ]
+    with psycopg.connect(empty_db_dsn) as conn:
+        rows = conn.execute(
+            "SELECT recipient, recipient_key, scope, message_hash FROM leasebox.outbox ORDER BY id"
+        ).fetchall()
+        receipts = conn.execute("SELECT idempotency_key FROM leasebox.receipts").fetchall()
+    assert rows == [
+        (" Ada@Example.COM", "ada@example.com", "login", None),
+        ("b@x.org", "b@x.org", None, None),
+    ]
+    assert receipts == [("r1",)]

@@ -18,7 +18,13 @@ from leasebox import (
     enqueue,
     enqueue_async,
 )
-from leasebox.producer.payload_crypto import PayloadCipher, generate_key
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE, PayloadCipher, generate_key
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about receipts and limits, not encryption: they opt in to plaintext."""
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
 
 
 def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:

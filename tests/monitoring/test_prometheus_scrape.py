@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from leasebox import OutboxMessage, enqueue
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from leasebox.testing.smtp_sink import SmtpSink
 from monitoring_sources import alert_expressions, dashboard_expressions
 from support.kube.emulator import KubeEmulator
@@ -105,6 +106,12 @@ class Prometheus:
         except OSError:
             return False
         return bool(active) and all(t["health"] == "up" for t in active)
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The codes enqueued here are test data for the metrics: they opt in to plaintext."""
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
 
 
 @pytest.fixture

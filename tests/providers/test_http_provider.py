@@ -130,7 +130,7 @@ async def test_the_idempotency_key_is_the_delivery_key_and_the_body_is_the_docum
         "html": f"<p>{CODE}</p>",
         "delivery_key": "verification:user-7:1",
         "kind": "verification",
-        "metadata": {"outbox_id": 41, "aggregate_id": "user-7"},
+        "metadata": {"outbox_id": 41, "aggregate_id": "user-7", "attempt": 3},
     }
     assert result.provider_message_id == "msg_123"
 

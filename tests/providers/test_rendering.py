@@ -160,6 +160,53 @@ def test_a_template_error_never_quotes_a_secret(tmp_path: Path) -> None:
     assert CODE not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "{{ lookup[code | reverse] }}",
+        "{{ lookup[code ~ 'x'] }}",
+        "{{ lookup[code | replace('4', '7')] }}",
+        "{{ lookup[code[1:]] }}",
+        "{{ lookup[code | list | join('-')] }}",
+        "{{ code | reverse | attr('nope') }}",
+        "{{ (code | reverse) is divisibleby(3) }}",
+        "{{ lookup[code | reverse | int + 1] }}",
+    ],
+)
+def test_a_template_error_carries_no_transformation_of_a_value(
+    tmp_path: Path, expression: str
+) -> None:
+    (tmp_path / "leaky").mkdir()
+    (tmp_path / "leaky" / "subject.txt.j2").write_text(expression)
+    (tmp_path / "leaky" / "body.txt.j2").write_text("x")
+
+    with pytest.raises(TemplateError) as caught:
+        TemplateRenderer(tmp_path).render("leaky", {"lookup": {}}, {"code": CODE})
+
+    prefix, detail = str(caught.value).split(" failed: ")
+    assert prefix == "template leaky/subject.txt.j2"
+    assert not any(ch.isdigit() for ch in detail), detail  # no digit of the code, in any order
+    assert caught.value.__cause__ is None
+
+
+def test_a_missing_variable_is_named_only_from_the_template_source(tmp_path: Path) -> None:
+    (tmp_path / "named").mkdir()
+    (tmp_path / "named" / "subject.txt.j2").write_text("{{ greeting }} {{ lookup[code] }}")
+    (tmp_path / "named" / "body.txt.j2").write_text("x")
+    renderer = TemplateRenderer(tmp_path)
+
+    with pytest.raises(TemplateError) as missing:
+        renderer.render("named", {"lookup": {}}, {"code": CODE})
+    with pytest.raises(TemplateError) as lookup:
+        renderer.render("named", {"lookup": {}, "greeting": "Hi"}, {"code": CODE})
+
+    assert (
+        str(missing.value)
+        == "template named/subject.txt.j2 failed: variable 'greeting' is undefined"
+    )
+    assert str(lookup.value) == "template named/subject.txt.j2 failed: UndefinedError"
+
+
 def test_a_failing_filter_reports_only_the_exception_type(tmp_path: Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "subject.txt.j2").write_text('{{ "%d" % code }}')

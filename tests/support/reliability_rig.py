@@ -266,7 +266,7 @@ def seed(
     dsn: str, count: int, *, recipient: Callable[[int], str] | None = None, max_attempts: int = 8
 ) -> list[str]:
     """Insert `count` ready OTP rows in one COPY; returns their delivery keys."""
-    cipher = PayloadCipher()
+    cipher = PayloadCipher(allow_plaintext=True)  # the workers need no keys to open these
     keys = [f"otp:{uuid.uuid4().hex}" for _ in range(count)]
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
         statement = sql.SQL("COPY leasebox.outbox ({}) FROM STDIN").format(

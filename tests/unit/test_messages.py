@@ -41,6 +41,50 @@ def test_an_invalid_field_is_named_in_the_error(fields: dict[str, Any], field: s
     assert field in errors_for(**fields)
 
 
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"data": {"name": "Ada\x00"}}, "data"),
+        ({"data": {"na\x00me": "Ada"}}, "data"),
+        ({"data": {"deep": [{"x": ["\x00"]}]}}, "data"),
+        ({"data": {"name": "\ud800"}}, "data"),
+        ({"aggregate_id": "user\x001"}, "aggregate_id"),
+        ({"aggregate_id": "user\udfff"}, "aggregate_id"),
+        ({"secrets": {"code": "49\x003817"}}, "secrets"),
+        ({"secrets": {"code": "\udc80"}}, "secrets"),
+        ({"recipient": "ada\x00@example.com"}, "recipient"),
+        ({"recipient": "ada@exa\ud800mple.com"}, "recipient"),
+        ({"recipient": "ad a@example.com"}, "recipient"),
+        ({"delivery_key": "otp:\x00"}, "delivery_key"),
+    ],
+)
+def test_what_postgresql_cannot_store_is_rejected_before_any_sql(
+    fields: dict[str, Any], field: str
+) -> None:
+    assert field in errors_for(**fields)
+
+
+def test_a_validation_error_never_quotes_the_input_it_refused() -> None:
+    with pytest.raises(ValidationError) as caught:
+        OutboxMessage(kind="otp", recipient="a@example.com", secrets={"code": "49\x00381777"})
+    assert "381777" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "key"),
+    [
+        ("Ada@Example.COM", "ada@example.com"),
+        ("  ada@example.com\t", "ada@example.com"),
+        ("ADA@Bücher.de", "ada@xn--bcher-kva.de"),
+        ("ada@XN--BCHER-KVA.DE", "ada@xn--bcher-kva.de"),
+    ],
+)
+def test_recipients_are_normalised_once_and_kept_as_given(given: str, key: str) -> None:
+    message = OutboxMessage(kind="otp", recipient=given)
+    assert message.recipient == given.strip()
+    assert message.recipient_key == key
+
+
 def test_a_bad_template_name_is_rejected() -> None:
     messages = errors_for(template="../etc/passwd")
     assert any("template" in text for text in messages.values())

@@ -1,4 +1,4 @@
-"""A full worker run leaves no OTP code, secret or password in any log line or metric.
+"""A worker leaves no OTP code, secret or password in any log line, metric or stored error.
 
 A real worker process sends real OTPs over SMTP (with credentials) from an outbox whose
 secrets are encrypted, through every path that logs: success, a transient failure and its
@@ -8,6 +8,9 @@ exported is then searched for each sensitive value.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import os
 import secrets
 import signal
@@ -16,6 +19,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,10 +28,14 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 from psycopg import conninfo
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 
+from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
+from leasebox.runtime.settings import WorkerSettings
+from leasebox.runtime.worker import Worker
 from leasebox.testing.embedded import free_port
-from support.worker_doubles import statuses
+from support.worker_doubles import Insert, ScriptedProvider, row_of, statuses
 
 SMTP_PASSWORD = "smtp-pw-" + secrets.token_hex(6)
 DSN_PASSWORD = "dsn-pw-" + secrets.token_hex(6)
@@ -155,3 +163,36 @@ def test_no_code_secret_or_password_reaches_logs_or_metrics(
     ).fetchone()
     assert stored_errors is not None
     assert not [value for value in sensitive if value in (stored_errors[0] or "")]
+
+
+async def test_a_template_that_transforms_the_code_leaks_it_nowhere(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    db_insert: Insert,
+    db_conn: psycopg.Connection,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    code = "8675309"
+    (tmp_path / "leaky").mkdir()
+    (tmp_path / "leaky" / "subject.txt.j2").write_text("Code {{ lookup[code | reverse] }}")
+    (tmp_path / "leaky" / "body.txt.j2").write_text("{{ code }}")
+    outbox_id = db_insert(template="leaky", code=code, data=json.dumps({"lookup": {}}))
+    worker = Worker(
+        WorkerSettings(kinds=("otp",), listen=False, drain=True, poll_interval=0.02),
+        db_pool,
+        fake_provider,
+        TemplateRenderer(tmp_path),
+    )
+    with caplog.at_level(logging.DEBUG, logger="leasebox"):
+        async with asyncio.timeout(20):
+            await worker.run()
+    row = row_of(db_conn, outbox_id)
+    assert (row["status"], row["dead_reason"]) == ("dead", "invalid_message")
+    assert row["last_error"] == "template leaky/subject.txt.j2 failed: UndefinedError"
+    assert fake_provider.sent == []
+    logged = "\n".join(record.getMessage() + repr(record.__dict__) for record in caplog.records)
+    assert "invalid_message" in logged
+    for value in (code, code[::-1]):
+        assert value not in logged
+        assert value not in str(row["last_error"])

@@ -21,6 +21,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from leasebox.cli.main import main
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from leasebox.testing.embedded import free_port
 from support.worker_doubles import Insert, statuses
 
@@ -239,6 +240,7 @@ def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(
 ) -> None:
     db_insert()
     port = free_port()
+    key = generate_key()
     process = _worker_process(
         db_dsn,
         "--provider",
@@ -249,13 +251,14 @@ def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(
         str(port),
         "--poll-interval",
         "0.1",
+        env={KEYS_VARIABLE: key},
     )
     try:
         base = f"http://127.0.0.1:{port}"
         metrics = _get_when_up(f"{base}/metrics", process)
         assert "leasebox_claimed_total" in metrics
         assert _get_when_up(f"{base}/healthz", process) == "ok\n"
-        assert _get_when_up(f"{base}/readyz", process) == "ready\n"
+        assert _get_when_up(f"{base}/readyz", process) == "ready\nsecrets: encrypted (1 key)\n"
         _wait_for(lambda: statuses(db_conn) == {"sent": 1}, process)
         assert 'leasebox_sent_total{kind="otp"} 1.0' in _get_when_up(f"{base}/metrics", process)
     finally:
@@ -263,6 +266,8 @@ def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(
         _, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     assert '"message":"worker stopped"' in err
+    assert '"secrets":"encrypted (1 key)"' in err
+    assert key not in err
 
 
 def _get_when_up(url: str, process: subprocess.Popen[str], within: float = 30) -> str:

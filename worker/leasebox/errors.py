@@ -18,7 +18,9 @@ figures a caller needs and never a secret, a password or a message body.
         ├── ProviderUnavailable   the provider cannot start (unreachable, bad credentials)
         └── ProviderError         one send failed; `error_class` says whether to retry
             ├── TransientProviderError
+            │   └── AmbiguousProviderError   the provider may have taken it (no answer)
             └── PermanentProviderError
+                └── MessageExpired           past `expires_at` before it reached the wire
 """
 
 from __future__ import annotations
@@ -74,16 +76,35 @@ class RequestRefused(LeaseboxError):
 
 
 class IdempotencyConflict(RequestRefused):
-    """The idempotency key was used before with a different request (HTTP analogue: 422)."""
+    """A key was used before for a different request (HTTP analogue: 422).
 
-    def __init__(self, scope: str, idempotency_key: str, outbox_id: int) -> None:
-        super().__init__(
-            f"idempotency key {idempotency_key!r} in scope {scope!r} was already used for a "
-            f"different request (outbox id {outbox_id})"
-        )
+    The key is an idempotency key in a scope, or (`delivery_key` set) an explicit delivery
+    key that already belongs to a row sending a different message.
+    """
+
+    def __init__(
+        self,
+        scope: str,
+        idempotency_key: str,
+        outbox_id: int,
+        *,
+        delivery_key: str | None = None,
+    ) -> None:
+        if delivery_key is not None:
+            text = (
+                f"delivery key {delivery_key!r} was already used for a different message "
+                f"(outbox id {outbox_id})"
+            )
+        else:
+            text = (
+                f"idempotency key {idempotency_key!r} in scope {scope!r} was already used for "
+                f"a different request (outbox id {outbox_id})"
+            )
+        super().__init__(text)
         self.scope = scope
         self.idempotency_key = idempotency_key
         self.outbox_id = outbox_id
+        self.delivery_key = delivery_key
 
 
 class RateLimited(RequestRefused):
@@ -162,3 +183,24 @@ class PermanentProviderError(ProviderError):
     """Retrying cannot help: a refused recipient, a rejected request."""
 
     error_class = PERMANENT
+
+
+class AmbiguousProviderError(TransientProviderError):
+    """The message may or may not have been accepted: the whole message reached the provider,
+    then the connection was lost (or the reply never came) before it said yes or no.
+
+    Never sent again within the same attempt; the next attempt, after the usual backoff,
+    carries the same delivery key (SMTP Message-ID, HTTP Idempotency-Key), so a provider that
+    deduplicates drops the copy. Counted as `error_class="ambiguous"`.
+    """
+
+    def __init__(self, message: str, *, code: str = "ambiguous") -> None:
+        super().__init__(code, message)
+
+
+class MessageExpired(PermanentProviderError):
+    """The message's `expires_at` passed while it waited (for a connection, a rate limit)
+    and before any of it was written to the wire: it is dead-lettered `expired`, not sent."""
+
+    def __init__(self, message: str = "expired before it could be written to the wire") -> None:
+        super().__init__("expired", message)

@@ -1,8 +1,14 @@
 """What an application asks leasebox to send, validated before anything is written.
 
 `OutboxMessage` is the producer's contract: every field is checked here so that a bad
-request fails with an error naming the field and writes nothing. `Receipt` is what the
-producer gets back: the same outbox id for a retried request.
+request fails with an error naming the field and writes nothing. That includes what
+PostgreSQL cannot store (a NUL byte, a lone UTF-16 surrogate), which would otherwise abort
+the caller's whole transaction from inside the database. `Receipt` is what the producer gets
+back: the same outbox id for a retried request.
+
+Recipients are normalised once, here (`recipient_key`: trimmed, case-folded, the domain in
+its IDNA ASCII form), for everything that counts or compares them: the abuse guard and its
+index, the request fingerprint. The address as given (trimmed) is what is sent.
 """
 
 from __future__ import annotations
@@ -27,33 +33,89 @@ BUILTIN_KINDS = ("otp", "verification", "password_reset", "invite")
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 TEMPLATE_PATTERN = r"^[a-z0-9][a-z0-9_\-]*(/[a-z0-9][a-z0-9_\-]*)*$"
 MAX_DATA_BYTES = 16 * 1024
+# How long a receipt turns a retried request into the same send, unless the caller says.
+DEFAULT_RECEIPT_TTL_SECONDS = 24 * 3600.0
 MAX_SECRETS_BYTES = 4 * 1024
-_EMAIL = re.compile(
-    r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
-    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$"
+_LOCAL_PART = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}$")
+_DOMAIN = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+    r"(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+$"
 )
+# What a PostgreSQL text or jsonb value cannot hold: NUL, and UTF-16 surrogates, which have
+# no UTF-8 encoding (Python lets a lone one into a str; the database refuses it).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(text: str) -> bool:
+    """Whether `text` holds a character PostgreSQL cannot store (NUL, a lone surrogate)."""
+    return _UNSTORABLE.search(text) is not None
+
+
+def ascii_domain(domain: str) -> str:
+    """The domain in lower-case IDNA ASCII form (`Bücher.DE` -> `xn--bcher-kva.de`)."""
+    try:
+        return domain.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise ValueError("not a valid email address: the domain is not a valid name") from None
+
+
+def recipient_key(address: str) -> str:
+    """The one normalised form of an address that every count and comparison uses.
+
+    Trimmed, the local part case-folded, the domain in lower-case IDNA ASCII form, so that
+    `Ada@Example.com`, ` ada@example.com` and `ada@EXAMPLE.COM` are one recipient, and so are
+    `ada@bücher.de` and `ada@xn--bcher-kva.de`. Mailbox local parts are case-sensitive in
+    theory and never in practice; counting them apart would let letter case bypass a limit.
+    """
+    local, _, domain = address.strip().rpartition("@")
+    return f"{local.casefold()}@{ascii_domain(domain)}"
 
 
 def _check_email(value: str) -> str:
-    if not _EMAIL.fullmatch(value) or ".." in value:
+    address = value.strip()
+    if unstorable(address) or any(not c.isprintable() or c.isspace() for c in address):
+        raise ValueError("not a valid email address: it holds a control or space character")
+    local, at, domain = address.rpartition("@")
+    if not at or not _LOCAL_PART.fullmatch(local) or ".." in local:
         raise ValueError("not a valid email address")
+    wire_domain = ascii_domain(domain) if domain else ""
+    if not _DOMAIN.fullmatch(wire_domain) or len(local) + 1 + len(wire_domain) > 254:
+        raise ValueError("not a valid email address")
+    return address
+
+
+def _storable_text(value: str | None) -> str | None:
+    if value is not None and unstorable(value):
+        raise ValueError("must not contain a NUL byte or a lone surrogate character")
     return value
 
 
+def _unstorable_strings(value: Any) -> bool:
+    """Whether any key or string anywhere in a JSON-like value is unstorable."""
+    if isinstance(value, str):
+        return unstorable(value)
+    if isinstance(value, dict):
+        return any(_unstorable_strings(k) or _unstorable_strings(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_unstorable_strings(item) for item in value)
+    return False
+
+
 Kind = Annotated[str, StringConstraints(pattern=KIND_PATTERN)]
-EmailAddress = Annotated[str, StringConstraints(max_length=254), AfterValidator(_check_email)]
+EmailAddress = Annotated[str, StringConstraints(max_length=300), AfterValidator(_check_email)]
+StorableText = Annotated[str, AfterValidator(_storable_text)]
 
 
 class OutboxMessage(BaseModel):
     """One logical send: who gets which template with which variables."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Errors never quote what they refused: it may be a secret.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     kind: Kind = Field(description="otp, verification, password_reset, invite or a user kind")
     recipient: EmailAddress
     template: str = Field(default="", max_length=100, description="defaults to the kind")
-    aggregate_id: str | None = Field(default=None, max_length=200)
+    aggregate_id: StorableText | None = Field(default=None, max_length=200)
     data: dict[str, Any] = Field(default_factory=dict)
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     delivery_key: str | None = Field(default=None, min_length=1, max_length=200)
@@ -70,6 +132,8 @@ class OutboxMessage(BaseModel):
             encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"must be JSON-serialisable: {exc}") from None
+        if _unstorable_strings(value):
+            raise ValueError("must not contain a NUL byte or a lone surrogate character")
         if len(encoded.encode()) > MAX_DATA_BYTES:
             raise ValueError(f"must encode to at most {MAX_DATA_BYTES} bytes of JSON")
         return value
@@ -82,6 +146,8 @@ class OutboxMessage(BaseModel):
         overlap = [k for k in value if not k.isidentifier()]
         if overlap:
             raise ValueError("keys must be identifiers (they become template variables)")
+        if any(unstorable(v) for v in value.values()):
+            raise ValueError("must not contain a NUL byte or a lone surrogate character")
         return value
 
     @field_validator("expires_at", "available_at")
@@ -108,6 +174,11 @@ class OutboxMessage(BaseModel):
             raise ValueError("expires_at is already in the past")
         return self
 
+    @property
+    def recipient_key(self) -> str:
+        """The recipient in the normalised form every count and comparison uses."""
+        return recipient_key(self.recipient)
+
     def request_hash(self) -> str:
         """Fingerprint of the request, for receipts; secrets and keys are left out on purpose.
 
@@ -117,7 +188,7 @@ class OutboxMessage(BaseModel):
         canonical = json.dumps(
             {
                 "kind": self.kind,
-                "recipient": self.recipient.lower(),
+                "recipient": self.recipient_key,
                 "template": self.template,
                 "aggregate_id": self.aggregate_id,
                 "data": self.data,

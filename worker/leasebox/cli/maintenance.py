@@ -2,7 +2,9 @@
 
 Dead letters are listed with ids, kinds, reasons and errors only (never a recipient or a
 variable), requeued with a fresh attempt budget, or purged after an explicit `--yes`.
-`prune` deletes sent rows and expired receipts past a retention, in bounded batches.
+`prune` deletes sent rows and expired receipts past a retention, in bounded batches, never a
+row a live receipt references, and refuses a retention shorter than the receipt TTL unless
+told otherwise.
 """
 
 from __future__ import annotations
@@ -67,6 +69,19 @@ def register(subparsers: Any) -> None:
     prune.add_argument("--retention", default="7d", help="keep this much history (default: 7d)")
     prune.add_argument(
         "--batch-size", type=_positive_int, default=5000, help="rows per batch (default: 5000)"
+    )
+    prune.add_argument(
+        "--receipt-ttl",
+        default="1d",
+        metavar="DURATION",
+        help="the longest receipt TTL your producers use; a shorter retention is refused "
+        "(default: 1d, the producer's default)",
+    )
+    prune.add_argument(
+        "--allow-short-retention",
+        action="store_true",
+        help="prune with a retention shorter than the receipt TTL (a request retried after "
+        "its row is gone sends again)",
     )
     prune.add_argument("--json", action="store_true", help="print JSON")
     prune.set_defaults(func=run_prune)
@@ -185,9 +200,15 @@ def run_prune(args: argparse.Namespace) -> int:
     from leasebox.store.pruning import prune
 
     retention = parse_duration(args.retention)
+    receipt_ttl = parse_duration(args.receipt_ttl)
     with _connect(args) as conn:
         result = prune(
-            conn, retention_seconds=retention, batch_size=args.batch_size, schema=args.schema
+            conn,
+            retention_seconds=retention,
+            batch_size=args.batch_size,
+            schema=args.schema,
+            receipt_ttl_seconds=receipt_ttl,
+            allow_short_retention=args.allow_short_retention,
         )
     if args.json:
         print(json.dumps({"sent": result.sent, "receipts": result.receipts}))

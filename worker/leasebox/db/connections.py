@@ -1,12 +1,15 @@
 """Connecting to PostgreSQL with errors a person can act on.
 
 Every command resolves its DSN the same way (flag, `LEASEBOX_DSN`, `DATABASE_URL`), and
-every failure to connect becomes one line that names the host and never the password.
+every failure to connect becomes one line that names the host and never the password: the
+server's own reason (libpq wraps it in "connection to server at ... failed:" once per address
+it tried), and for a refused password what to check.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 import psycopg
@@ -70,13 +73,41 @@ def describe_target(dsn: str) -> str:
     return f"{host}:{port}/{dbname}"
 
 
+_ATTEMPT = re.compile(r"connection to server (?:at|on) .*? failed: (.*)$")
+_AUTH_HINTS = {
+    "password authentication failed": "check the user name and password in the DSN",
+    "no password supplied": "the server requires a password and the DSN gives none",
+}
+
+
 def connection_error(dsn: str, exc: BaseException) -> DatabaseUnavailable:
     """A one-line, password-free error for a failed connection attempt."""
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    detail = _reason(str(exc)) or type(exc).__name__
+    for symptom, hint in _AUTH_HINTS.items():
+        if symptom in detail:
+            detail = f"{detail}; {hint}"
+            break
     password = conninfo.conninfo_to_dict(dsn).get("password") if _parses(dsn) else None
     if password:
         detail = detail.replace(str(password), "***")
     return DatabaseUnavailable(f"cannot connect to PostgreSQL at {describe_target(dsn)}: {detail}")
+
+
+def _reason(message: str) -> str:
+    """The server's reason for refusing, from libpq's report of every address it tried:
+    an authentication failure if there is one, else the last attempt's reason."""
+    reasons = [
+        found.group(1).removeprefix("FATAL:").strip()
+        for line in message.splitlines()
+        if (found := _ATTEMPT.search(line.strip()))
+    ]
+    for reason in reasons:
+        if any(symptom in reason for symptom in _AUTH_HINTS):
+            return reason
+    if reasons:
+        return reasons[-1]
+    lines = message.strip().splitlines()
+    return lines[0].strip() if lines else ""
 
 
 def _parses(dsn: str) -> bool:

@@ -3,21 +3,26 @@
 Templates are Jinja2 files, `<name>/subject.txt.j2`, `<name>/body.txt.j2` and optionally
 `<name>/body.html.j2`. A templates directory overrides the built-ins file by file, so a
 deployment can restyle the HTML of `otp` and keep the rest. Undefined variables are errors
-(`StrictUndefined`): an email that says "Your code is ." is worse than a dead letter. Error
-messages name the template and the variable but never a value, since values include the code.
+(`StrictUndefined`): an email that says "Your code is ." is worse than a dead letter.
+
+A rendering error names the template file and the error's class, plus, for a missing
+variable, that variable's name, taken from the template's own source. It never carries
+the exception's message: Jinja2 and filters quote the values they choke on, and a value
+may be the code itself or any transformation of it (`{{ lookup[code | reverse] }}`), which
+no masking of the exact value could catch.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
 import jinja2
+import jinja2.meta
 
-from leasebox.delivery.providers.base import one_line
 from leasebox.errors import TemplateError
 
 BUILTIN_TEMPLATES_DIR = Path(__file__).parent / "templates"
@@ -26,6 +31,7 @@ SUBJECT_FILE = "subject.txt.j2"
 TEXT_FILE = "body.txt.j2"
 HTML_FILE = "body.html.j2"
 _TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*(/[a-z0-9][a-z0-9_\-]*)*$")
+_MISSING_NAME = re.compile(r"^'([A-Za-z_][A-Za-z0-9_]*)' is undefined$")
 
 
 @dataclass(frozen=True)
@@ -74,11 +80,10 @@ class TemplateRenderer:
         if not _TEMPLATE_NAME.fullmatch(template):
             raise TemplateError(f"template name {template!r} is not valid")
         context: dict[str, Any] = {**data, **secrets}
-        hide = list(secrets.values())
-        subject = self._render(self._load(self._text, template, SUBJECT_FILE), context, hide)
-        text = self._render(self._load(self._text, template, TEXT_FILE), context, hide)
+        subject = self._render(self._text, self._load(self._text, template, SUBJECT_FILE), context)
+        text = self._render(self._text, self._load(self._text, template, TEXT_FILE), context)
         html_template = self._load(self._html, template, HTML_FILE, required=False)
-        html = None if html_template is None else self._render(html_template, context, hide)
+        html = None if html_template is None else self._render(self._html, html_template, context)
         # A subject is one header line; a newline in it would start a new header.
         return RenderedEmail(subject=" ".join(subject.split()), text=text, html=html)
 
@@ -119,12 +124,40 @@ class TemplateRenderer:
             ) from None
 
     @staticmethod
-    def _render(compiled: jinja2.Template, context: Mapping[str, Any], hide: list[str]) -> str:
+    def _render(
+        environment: jinja2.Environment, compiled: jinja2.Template, context: Mapping[str, Any]
+    ) -> str:
         try:
             return compiled.render(context)
         except jinja2.UndefinedError as exc:
-            # Usually "'code' is undefined"; `{{ table[code] }}` would quote the value, though.
-            detail = one_line(exc.message or "undefined variable", hide=hide)
-            raise TemplateError(f"template {compiled.name} failed: {detail}") from None
-        except Exception as exc:  # a filter's message could quote a value, so keep only the type
+            name = _missing_variable(exc, _source_names(environment, compiled), context)
+            if name is not None:
+                raise TemplateError(
+                    f"template {compiled.name} failed: variable {name!r} is undefined"
+                ) from None
+            raise TemplateError(f"template {compiled.name} failed: UndefinedError") from None
+        except Exception as exc:  # its message may quote a value, so keep only the type
             raise TemplateError(f"template {compiled.name} failed: {type(exc).__name__}") from None
+
+
+def _source_names(environment: jinja2.Environment, compiled: jinja2.Template) -> set[str]:
+    """The variables the template's source reads from its context (names, never values)."""
+    if environment.loader is None or compiled.name is None:
+        return set()
+    try:
+        source, _, _ = environment.loader.get_source(environment, compiled.name)
+        return set(jinja2.meta.find_undeclared_variables(environment.parse(source)))
+    except jinja2.TemplateError:
+        return set()
+
+
+def _missing_variable(
+    exc: jinja2.UndefinedError, names: Collection[str], context: Mapping[str, Any]
+) -> str | None:
+    """The name of the missing top-level variable, if that is what failed and the name is one
+    the template's source reads; None otherwise (the message then says nothing more)."""
+    found = _MISSING_NAME.fullmatch(exc.message or "")
+    if found is None:
+        return None
+    name = found.group(1)
+    return name if name in names and name not in context else None

@@ -9,11 +9,13 @@ with which reason?) and `backoff_delay(attempt, ...)` (how long until the row is
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from leasebox.delivery.providers.base import one_line
+from leasebox.delivery.providers.base import Outcome, one_line, request_outcome
 from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError
 from leasebox.states import DeadReason
 
@@ -31,6 +33,8 @@ class Failure:
     code: str
     detail: str
     retry_after: float | None = None
+    outcome: str = Outcome.ERROR.value
+    """What the provider request amounted to (the provider metrics' `outcome` label)."""
 
     @property
     def transient(self) -> bool:
@@ -39,12 +43,18 @@ class Failure:
     @property
     def dead_reason(self) -> DeadReason:
         """The dead-letter reason if this failure ends the message now."""
+        if self.code == EXPIRED_CODE:
+            return DeadReason.EXPIRED
         if self.code in _INVALID_MESSAGE_CODES:
             return DeadReason.INVALID_MESSAGE
         return DeadReason.REJECTED
 
 
 _INVALID_MESSAGE_CODES = frozenset({"template"})
+EXPIRED_CODE = "expired"
+# A code becomes a metric label and a column: short, lower-case, from a small alphabet.
+MAX_CODE_LENGTH = 40
+_CODE_CHARACTERS = re.compile(r"[^a-z0-9_]+")
 # The longest wait a provider's Retry-After can impose on one attempt.
 MAX_RETRY_AFTER = 3600.0
 
@@ -65,20 +75,49 @@ def classify(exc: BaseException) -> Failure:
     the new key, and the attempt limit still ends a message that never decrypts.
     Unknown exceptions are transient for the same reason: a bug in one worker version must
     not dead-letter every message it touches; the attempt limit bounds the damage.
-    Messages of unknown exceptions are not kept: they may quote anything.
+    Messages of unknown exceptions are not kept: they may quote anything. A `ProviderError`
+    may come from any plugin, so its class, code, text and Retry-After are each checked:
+    the code is reduced to a bounded label, the text to one bounded storable line, an
+    unknown `error_class` counts as transient and a Retry-After that is not a finite
+    positive number is ignored.
     """
     if isinstance(exc, ProviderError):
-        detail = one_line(str(exc)) or exc.code
-        return Failure(exc.error_class, exc.code, detail, exc.retry_after)
+        code = failure_code(getattr(exc, "code", None))
+        detail = one_line(_text_of(exc)) or code
+        error_class = PERMANENT if exc.error_class == PERMANENT else TRANSIENT
+        retry_after = _seconds(getattr(exc, "retry_after", None))
+        return Failure(error_class, code, detail, retry_after, request_outcome(exc).value)
     if _is_template_error(exc):
         return Failure(PERMANENT, "template", one_line(str(exc)) or "template error")
     if isinstance(exc, PayloadKeyError):
         return Failure(TRANSIENT, "payload_keys", one_line(str(exc)))
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        return Failure(TRANSIENT, "timeout", "the send timed out")
+        return Failure(TRANSIENT, "timeout", "the send timed out", outcome=Outcome.TIMEOUT.value)
     if isinstance(exc, ConnectionError | OSError):
-        return Failure(TRANSIENT, "connection", f"connection failed ({type(exc).__name__})")
+        detail = f"connection failed ({type(exc).__name__})"
+        return Failure(TRANSIENT, "connection", detail, outcome=Outcome.CONNECTION.value)
     return Failure(TRANSIENT, "unexpected", f"unexpected {type(exc).__name__}")
+
+
+def failure_code(value: object) -> str:
+    """A provider's error code as a safe, low-cardinality label (`provider_error` if none)."""
+    text = value if isinstance(value, str) else ""
+    label = _CODE_CHARACTERS.sub("_", text.lower()).strip("_")[:MAX_CODE_LENGTH].strip("_")
+    return label or "provider_error"
+
+
+def _text_of(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a plugin's __str__ may fail like anything else it does
+        return ""
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def _is_template_error(exc: BaseException) -> bool:

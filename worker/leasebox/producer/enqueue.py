@@ -2,8 +2,11 @@
 
 `enqueue` never commits: the row becomes visible exactly when the caller's business change
 does, and disappears with it on rollback. A receipt keyed by `(scope, idempotency_key)`
-turns a retried request into the same logical send. Concurrent requests with the same key
-are serialised by a transaction-scoped advisory lock, so exactly one row is written.
+turns a retried request into the same logical send, and so does an explicit delivery key
+already in the outbox, as long as it sends the same message (another message under the same
+key is an `IdempotencyConflict`, never a silent merge). Concurrent requests with the same
+idempotency key or delivery key are serialised by transaction-scoped advisory locks, so
+exactly one row is written and every racer gets a receipt for it.
 
 The sync and async entry points share one step-by-step plan (`_plan`, run by
 `leasebox.producer.plan`), so the logic exists once.
@@ -18,13 +21,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from leasebox.db.queries import DEFAULT_SCHEMA
-from leasebox.errors import IdempotencyConflict
-from leasebox.messages import OutboxMessage, Receipt
+from leasebox.errors import DatabaseError, IdempotencyConflict
+from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
-from leasebox.producer.plan import Plan, Step, one, run, run_async
+from leasebox.producer.plan import Plan, Step, run, run_async
 
-DEFAULT_RECEIPT_TTL_SECONDS = 24 * 3600.0
+__all__ = ["DEFAULT_RECEIPT_TTL_SECONDS", "enqueue", "enqueue_async"]
 
 
 def _plan(
@@ -37,29 +40,62 @@ def _plan(
     cipher: PayloadCipher,
 ) -> Plan[Receipt]:
     scope_name = scope or "default"
-    fingerprint = request_hash or message.request_hash()
-    lock: list[tuple[str, dict[str, Any]]] = []
+    message_hash = message.request_hash()
+    fingerprint = request_hash or message_hash
+    explicit_key = message.delivery_key
+    # Serialise requests with the same idempotency key, then with the same delivery key (in
+    # this order, before the guard's locks, so that no two producers wait in a cycle): a
+    # statement that runs after a lock sees the row its holder committed.
+    locks: list[tuple[str, dict[str, Any]]] = []
     if idempotency_key is not None:
-        # Serialises requests with the same key; the statement after it sees the winner's row.
-        lock = [("lock_key", {"key": f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}"})]
+        locks.append(
+            ("lock_key", {"key": f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}"})
+        )
+    if explicit_key is not None:
+        locks.append(("lock_key", {"key": f"leasebox.delivery\x1f{explicit_key}"}))
     if guard is not None:
-        if lock:
-            yield Step(tuple(lock))
-            lock = []
-            found = yield one(
-                "find_receipt", {"scope": scope_name, "idempotency_key": idempotency_key}
+        # A request that reuses its receipt or its row is no new send and never counts.
+        reuses_row = False
+        if idempotency_key is not None:
+            found = yield Step(
+                (
+                    *locks,
+                    ("find_receipt", {"scope": scope_name, "idempotency_key": idempotency_key}),
+                )
             )
+            locks = []
             if found is not None and not found["expired"]:
                 return _reused(found, fingerprint, scope_name, idempotency_key)
-        yield from check_guard(guard, message.recipient.lower(), scope_name, idempotency_key)
+        if explicit_key is not None:
+            row = yield Step(
+                (
+                    *locks,
+                    (
+                        "find_delivery_key",
+                        {"delivery_key": explicit_key, "message_hash": message_hash},
+                    ),
+                )
+            )
+            locks = []
+            if row is not None and not row["same"]:
+                raise _delivery_key_conflict(row, scope_name, idempotency_key)
+            reuses_row = row is not None
+        if locks:
+            yield Step(tuple(locks))
+            locks = []
+        if not reuses_row:
+            yield from check_guard(guard, message.recipient_key, scope_name)
 
     # The key is stored with the row, so every worker retry reuses it; a retried API request
     # reuses it through the receipt. It never contains the recipient or a secret.
-    delivery_key = message.delivery_key or f"{message.kind}:{uuid.uuid4().hex}"
+    delivery_key = explicit_key or f"{message.kind}:{uuid.uuid4().hex}"
     write = {
         "kind": message.kind,
         "aggregate_id": message.aggregate_id,
         "recipient": message.recipient,
+        "recipient_key": message.recipient_key,
+        "scope": scope_name,
+        "message_hash": message_hash,
         "template": message.template,
         "data": Jsonb(message.data),
         "secrets": cipher.seal(message.secrets) if message.secrets else None,
@@ -67,15 +103,22 @@ def _plan(
         "max_attempts": message.max_attempts,
         "available_at": message.available_at,
         "expires_at": message.expires_at,
-        "scope": scope_name,
         "idempotency_key": idempotency_key,
         "request_hash": fingerprint,
         "ttl_seconds": receipt_ttl_seconds,
     }
-    row = yield Step((*lock, ("enqueue", write)))
-    assert row is not None, "the enqueue statement always returns one row"
+    row = yield Step((*locks, ("enqueue", write)))
+    if row is None:
+        # Under the delivery-key lock the statement sees every row its ON CONFLICT waited
+        # for; only a row written concurrently without the lock (by hand) can hide from it.
+        raise DatabaseError(
+            f"an outbox row with delivery key {delivery_key!r} was written concurrently "
+            "without leasebox's lock; retry the transaction"
+        )
     if row["source"] == "receipt":
         return _reused(row, fingerprint, scope_name, idempotency_key)
+    if row["source"] == "conflict":
+        raise _delivery_key_conflict(row, scope_name, idempotency_key)
     return Receipt(
         outbox_id=int(row["outbox_id"]),
         delivery_key=row["delivery_key"],
@@ -94,7 +137,7 @@ def _reused(
         raise IdempotencyConflict(scope, idempotency_key or "", outbox_id)
     return Receipt(
         outbox_id=outbox_id,
-        delivery_key=found["delivery_key"] or "",
+        delivery_key=found["delivery_key"],
         reused=True,
         scope=scope,
         idempotency_key=idempotency_key,
@@ -124,6 +167,14 @@ def plan_enqueue(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+    )
+
+
+def _delivery_key_conflict(
+    row: dict[str, Any], scope: str, idempotency_key: str | None
+) -> IdempotencyConflict:
+    return IdempotencyConflict(
+        scope, idempotency_key or "", int(row["outbox_id"]), delivery_key=row["delivery_key"]
     )
 
 

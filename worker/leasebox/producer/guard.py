@@ -2,9 +2,15 @@
 
 A login form that sends a code to any address typed into it is a way to flood someone's
 inbox. The guard counts *logical sends* (rows, not requests: a retried request that reuses
-its receipt never counts) inside a sliding window, serialised per counted subject by an
-advisory lock so that racing requests cannot all slip under the limit, and refuses the next
-one with `RateLimited`, whose `retry_after` is when the oldest send leaves the window.
+its receipt or its delivery key never counts) inside a sliding window, serialised per counted
+subject by an advisory lock so that racing requests cannot all slip under the limit, and
+refuses the next one with `RateLimited`, whose `retry_after` is when the oldest send leaves
+the window.
+
+Recipients are counted by their normalised form (`OutboxMessage.recipient_key`), which the
+row stores and an index serves, so `Ada@Example.com` and `ada@example.com` share one limit.
+Scopes are counted on the rows too, so a per-scope limit holds with or without an
+idempotency key.
 """
 
 from __future__ import annotations
@@ -39,10 +45,13 @@ class AbuseGuard:
             raise ConfigurationError("the abuse guard's window_seconds must be positive")
 
 
-def check_guard(
-    guard: AbuseGuard, recipient: str, scope: str, idempotency_key: str | None
-) -> Generator[Step, Row, None]:
-    """The plan steps that count and lock; raises `RateLimited` when a limit is reached."""
+def check_guard(guard: AbuseGuard, recipient_key: str, scope: str) -> Generator[Step, Row, None]:
+    """The plan steps that count and lock; raises `RateLimited` when a limit is reached.
+
+    `recipient_key` is the normalised recipient; the locks are taken in a fixed order
+    (recipient, then scope) after the receipt and delivery-key locks, so no two producers
+    wait for each other in a cycle.
+    """
     checks: list[tuple[str, int, str, dict[str, Any]]] = []
     if guard.per_recipient is not None:
         checks.append(
@@ -50,10 +59,10 @@ def check_guard(
                 "per-recipient",
                 guard.per_recipient,
                 "count_recipient_window",
-                {"recipient": recipient},
+                {"recipient_key": recipient_key},
             )
         )
-    if guard.per_scope is not None and idempotency_key is not None:
+    if guard.per_scope is not None:
         checks.append(("per-scope", guard.per_scope, "count_scope_window", {"scope": scope}))
     for label, limit, query_name, params in checks:
         lock_subject = next(iter(params.values()))

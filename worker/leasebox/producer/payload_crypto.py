@@ -2,8 +2,14 @@
 
 Secrets sit in the outbox until a worker sends them, so they are encrypted with
 MultiFernet when `LEASEBOX_PAYLOAD_KEYS` is set: the first key encrypts, every key decrypts,
-so keys rotate by prepending a new one. A one-byte-tag prefix records which form a value is
+so keys rotate by adding a new key everywhere, then moving it to the front, then dropping
+the old one once no row sealed with it is left. A tag prefix records which form a value is
 in, so rows written before keys were configured remain readable.
+
+Storing secrets fails closed: without keys, sealing is a `PayloadKeyError` unless plaintext
+is allowed explicitly (`LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1`, or `allow_plaintext=True`), for
+development and the demo. A forgotten variable in production is then an error at the first
+enqueue, not OTP codes in the clear in every backup.
 """
 
 from __future__ import annotations
@@ -15,18 +21,24 @@ from functools import cache
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from leasebox.errors import PayloadKeyError
+from leasebox.errors import ConfigurationError, PayloadKeyError
 
 KEYS_VARIABLE = "LEASEBOX_PAYLOAD_KEYS"
+PLAINTEXT_VARIABLE = "LEASEBOX_ALLOW_PLAINTEXT_SECRETS"
 _PLAIN = b"p1:"
 _FERNET = b"f1:"
 
 
 class PayloadCipher:
-    """Seals and opens the `secrets` column."""
+    """Seals and opens the `secrets` column.
 
-    def __init__(self, keys: list[str] | None = None) -> None:
+    Without keys it opens plaintext values only, and seals only if `allow_plaintext`.
+    """
+
+    def __init__(self, keys: list[str] | None = None, *, allow_plaintext: bool = False) -> None:
         self._fernet: MultiFernet | None = None
+        self.allow_plaintext = allow_plaintext
+        self.key_count = len(keys or [])
         if keys:
             try:
                 self._fernet = MultiFernet([Fernet(k.strip().encode()) for k in keys])
@@ -40,9 +52,25 @@ class PayloadCipher:
     def encrypts(self) -> bool:
         return self._fernet is not None
 
+    @property
+    def mode(self) -> str:
+        """How secrets are handled, in words for logs and `/readyz` (never a key)."""
+        if self._fernet is not None:
+            plural = "s" if self.key_count != 1 else ""
+            return f"encrypted ({self.key_count} key{plural})"
+        if self.allow_plaintext:
+            return f"plaintext allowed ({PLAINTEXT_VARIABLE}; development only)"
+        return f"no keys ({KEYS_VARIABLE} unset: encrypted secrets cannot be opened)"
+
     def seal(self, secrets: Mapping[str, str]) -> bytes:
         raw = json.dumps(dict(secrets), separators=(",", ":"), sort_keys=True).encode()
         if self._fernet is None:
+            if not self.allow_plaintext:
+                raise PayloadKeyError(
+                    f"refusing to store secrets unencrypted: set {KEYS_VARIABLE} (`leasebox "
+                    f"keys generate` prints a key), or allow plaintext for development with "
+                    f"{PLAINTEXT_VARIABLE}=1"
+                )
             return _PLAIN + raw
         return _FERNET + self._fernet.encrypt(raw)
 
@@ -71,14 +99,26 @@ def keys_from_environment(environ: Mapping[str, str] | None = None) -> list[str]
     return [k for k in env.get(KEYS_VARIABLE, "").split(",") if k.strip()]
 
 
+def plaintext_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `LEASEBOX_ALLOW_PLAINTEXT_SECRETS` says yes; a value that is neither yes nor
+    no is a `ConfigurationError` (a typo must not silently mean either)."""
+    env = os.environ if environ is None else environ
+    value = env.get(PLAINTEXT_VARIABLE, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{PLAINTEXT_VARIABLE} must be true or false")
+
+
 @cache
-def _cipher_for(keys: tuple[str, ...]) -> PayloadCipher:
-    return PayloadCipher(list(keys))
+def _cipher_for(keys: tuple[str, ...], allow_plaintext: bool) -> PayloadCipher:
+    return PayloadCipher(list(keys), allow_plaintext=allow_plaintext)
 
 
 def default_cipher() -> PayloadCipher:
-    """The cipher configured by the environment (cached per key set)."""
-    return _cipher_for(tuple(keys_from_environment()))
+    """The cipher configured by the environment (cached per configuration)."""
+    return _cipher_for(tuple(keys_from_environment()), plaintext_allowed())
 
 
 def generate_key() -> str:

@@ -8,8 +8,19 @@ with no added delay.
 
 Each statement matches rows on their lease token, so an id missing from its answer is a
 lease this worker lost (it stalled past the lease and another worker reclaimed the row):
-that is counted and logged, never retried. A database error keeps the batch and retries it
+that is counted and logged, never retried. A database outage keeps the batch and retries it
 with backoff; the statements are idempotent for rows still owned.
+
+Any other error from a statement means one outcome in it cannot be stored (the provider
+boundary cleans what providers say, so this is the second line of defence). The batch is
+then written outcome by outcome; the one the database refuses is written again without its
+provider text (`Sent` without the provider id, a failure with a fixed description), and
+only if even that fails is it left to its lease's expiry. Nothing of the sort stops the
+flusher or the worker.
+
+An outcome is a fact: once known it is kept until written. While closing, an outcome is
+given up only when its lease has run out (the row then belongs to whichever worker reclaims
+it), however long the database stays away until then.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ log = logging.getLogger("leasebox.worker")
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
 _A = TypeVar("_A", Sent, Retry, Dead, Release)
+UNSTORABLE_ERROR = "the failure's description could not be stored"
 
 
 @dataclass(frozen=True)
@@ -106,13 +118,17 @@ class CompletionBatcher:
         schema: str,
         clock: Callable[[], datetime | None],
         on_settled: Callable[[int], None],
+        lease_deadline: Callable[[int], float | None] = lambda _: None,
         statement_timeout: float = 30.0,
     ) -> None:
+        """`lease_deadline(id)` is the monotonic time the row's lease runs out (None: unknown,
+        which counts as run out when closing)."""
         self._pool = pool
         self._metrics = metrics
         self._schema = schema
         self._clock = clock
         self._on_settled = on_settled
+        self._lease_deadline = lease_deadline
         self._timeout = statement_timeout
         self._queue: list[Outcome] = []
         self._ready = asyncio.Event()
@@ -120,6 +136,8 @@ class CompletionBatcher:
         self._idle.set()
         self._closing = False
         self.failing: str | None = None
+        self.write_failures = 0
+        self.given_up = 0
 
     def put(self, outcome: Outcome) -> None:
         self._queue.append(outcome)
@@ -130,12 +148,8 @@ class CompletionBatcher:
     def pending(self) -> int:
         return len(self._queue)
 
-    async def run(self, deadline: Callable[[], float | None] = lambda: None) -> None:
-        """Flush until cancelled, or until `close()` and nothing is left.
-
-        `deadline()` is a monotonic time after which a failing database is given up on
-        (None: keep trying), consulted only while closing.
-        """
+    async def run(self) -> None:
+        """Flush until cancelled, or until `close()` and nothing is left."""
         delay = _RETRY_FIRST
         while True:
             if not self._queue:
@@ -146,54 +160,127 @@ class CompletionBatcher:
                 await self._ready.wait()
                 continue
             batch, self._queue = self._queue, []
-            groups: dict[type[Settlement], list[Outcome]] = {}
-            for outcome in batch:
-                groups.setdefault(type(outcome.action), []).append(outcome)
-            try:
-                async with asyncio.timeout(self._timeout):
-                    await self._write(groups)
-            except DATABASE_ERRORS as exc:
-                self._queue[:0] = [o for outcomes in groups.values() for o in outcomes]
-                self.failing = f"database unavailable ({type(exc).__name__})"
-                limit = deadline() if self._closing else None
-                if limit is not None and time.monotonic() + delay > limit:
-                    self._give_up()
-                    return
-                log.warning(
-                    "could not record %d outcomes, retrying in %.1fs",
-                    len(self._queue),
-                    delay,
-                    extra={"error_class": type(exc).__name__},
-                )
-                await asyncio.sleep(delay)
-                delay = min(_RETRY_MAX, delay * 2)
-            else:
+            unwritten = await self._write_batch(batch)
+            if not unwritten:
                 if self.failing:
                     log.info("outcomes recorded again: the database is back")
                 self.failing = None
                 delay = _RETRY_FIRST
+                continue
+            failure, left = unwritten
+            self._queue[:0] = left
+            self.failing = f"database unavailable ({type(failure).__name__})"
+            self.write_failures += 1
+            if self._closing:
+                self._give_up(self._out_of_lease())
+                if not self._queue:
+                    continue
+            log.warning(
+                "could not record %d outcomes, retrying in %.1fs",
+                len(self._queue),
+                delay,
+                extra={"error_class": type(failure).__name__},
+            )
+            await asyncio.sleep(delay)
+            delay = min(_RETRY_MAX, delay * 2)
 
-    async def close(self, within: float) -> None:
-        """Write what is queued (within `within` seconds), then let `run` return."""
+    async def close(self) -> None:
+        """Write what is queued, then let `run` return.
+
+        Waits as long as the database needs, up to the last held lease's end: an outcome is
+        not thrown away while its lease could still be held.
+        """
         self._closing = True
         self._ready.set()
-        try:
-            async with asyncio.timeout(within):
-                await self._idle.wait()
-        except TimeoutError:
-            self._give_up()
+        while not self._idle.is_set():
+            deadlines = [self._deadline_of(o) for o in self._queue]
+            remaining = max(deadlines, default=0.0) - time.monotonic()
+            if self._queue and remaining <= 0:
+                self._give_up(list(self._queue))
+                return
+            try:
+                async with asyncio.timeout(max(remaining, _RETRY_FIRST)):
+                    await self._idle.wait()
+            except TimeoutError:
+                continue
 
-    def _give_up(self) -> None:
-        if self._queue:
-            log.error(
-                "%d outcomes were not recorded; their rows return when their leases expire",
-                len(self._queue),
-                extra={"count": len(self._queue)},
-            )
-        for outcome in self._queue:
+    async def _write_batch(
+        self, batch: list[Outcome]
+    ) -> tuple[BaseException, list[Outcome]] | None:
+        """Write `batch`; None when done, else the outage and the outcomes still to write."""
+        groups: dict[type[Settlement], list[Outcome]] = {}
+        for outcome in batch:
+            groups.setdefault(type(outcome.action), []).append(outcome)
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._write(groups)
+        except DATABASE_ERRORS as exc:
+            return exc, [o for outcomes in groups.values() for o in outcomes]
+        except Exception as exc:  # one outcome the database refuses must not stop the others
+            left = [o for outcomes in groups.values() for o in outcomes]
+            return await self._write_one_by_one(left, exc)
+        return None
+
+    async def _write_one_by_one(
+        self, outcomes: list[Outcome], cause: BaseException
+    ) -> tuple[BaseException, list[Outcome]] | None:
+        log.warning(
+            "a batch of %d outcomes was refused (%s); recording them one by one",
+            len(outcomes),
+            type(cause).__name__,
+        )
+        for i, outcome in enumerate(outcomes):
+            for attempt in (outcome, _without_provider_text(outcome)):
+                try:
+                    async with asyncio.timeout(self._timeout):
+                        await self._write({type(attempt.action): [attempt]})
+                except DATABASE_ERRORS as exc:
+                    return exc, [attempt, *outcomes[i + 1 :]]
+                except Exception as exc:  # this outcome, as given, cannot be stored
+                    log.error(
+                        "the database refused the outcome (%s) of this message (%s)",
+                        type(attempt.action).__name__.lower(),
+                        type(exc).__name__,
+                        extra=message_fields(attempt.message),
+                    )
+                    continue
+                break
+            else:
+                log.error(
+                    "the outcome of this message cannot be recorded; its lease will expire "
+                    "and another attempt follows",
+                    extra=message_fields(outcome.message),
+                )
+                self._on_settled(outcome.message.id)
+        return None
+
+    def _deadline_of(self, outcome: Outcome) -> float:
+        deadline = self._lease_deadline(outcome.message.id)
+        return float("-inf") if deadline is None else deadline
+
+    def _out_of_lease(self) -> list[Outcome]:
+        now = time.monotonic()
+        return [o for o in self._queue if self._deadline_of(o) <= now]
+
+    def _give_up(self, outcomes: list[Outcome]) -> None:
+        """Drop outcomes whose lease ran out while the database was away."""
+        if not outcomes:
+            return
+        sent = sum(isinstance(o.action, Sent) for o in outcomes)
+        log.error(
+            "%d outcomes were not recorded before their leases ran out (%d of them sent); "
+            "their rows return to whichever worker reclaims them",
+            len(outcomes),
+            sent,
+            extra={"count": len(outcomes)},
+        )
+        dropped = {id(o) for o in outcomes}
+        self._queue = [o for o in self._queue if id(o) not in dropped]
+        self.given_up += len(outcomes)
+        for outcome in outcomes:
             self._on_settled(outcome.message.id)
-        self._queue = []
-        self._idle.set()
+        if not self._queue:
+            self._idle.set()
 
     async def _write(self, groups: dict[type[Settlement], list[Outcome]]) -> None:
         """One statement per outcome type; a group written is removed from `groups`."""
@@ -259,3 +346,18 @@ class CompletionBatcher:
             what,
             extra=message_fields(outcome.message),
         )
+
+
+def _without_provider_text(outcome: Outcome) -> Outcome:
+    """The outcome with nothing that came from the provider: what the database can take."""
+    action = outcome.action
+    if isinstance(action, Sent):
+        return Outcome(outcome.message, Sent(action.lease, None))
+    if isinstance(action, Retry):
+        return Outcome(
+            outcome.message,
+            Retry(action.lease, action.delay_seconds, UNSTORABLE_ERROR, "unstorable"),
+        )
+    if isinstance(action, Dead):
+        return Outcome(outcome.message, Dead(action.lease, action.reason, UNSTORABLE_ERROR, None))
+    return outcome

@@ -4,7 +4,8 @@ Liveness and readiness answer different questions. `/healthz` answers from the e
 itself, so a reply means the loop is not blocked; it never looks at the database, because
 restarting a worker does not bring a database back. `/readyz` says whether this worker can
 do its job right now (database reachable, provider healthy) and, when not, why, in one line
-of plain text that never holds a password.
+of plain text that never holds a password; the lines after it say how the worker runs (for
+example whether secrets are encrypted), ready or not.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def build_app(
     metrics: WorkerMetrics,
     readiness: ReadinessCheck,
     liveness: Callable[[], str | None] = lambda: None,
+    details: Callable[[], list[str]] = list,
 ) -> web.Application:
-    """The three routes; `readiness()` and `liveness()` return None or a reason."""
+    """The three routes; `readiness()` and `liveness()` return None or a reason, and
+    `details()` the lines `/readyz` adds under its verdict."""
 
     async def metrics_route(_: web.Request) -> web.Response:
         body = metrics.exposition()
@@ -45,9 +48,10 @@ def build_app(
             problem = await readiness()
         except Exception as exc:  # a failing check is an answer, not a crash
             problem = f"readiness check failed ({type(exc).__name__})"
+        extra = "".join(f"{line}\n" for line in details())
         if problem:
-            return web.Response(status=503, text=f"not ready: {problem}\n")
-        return web.Response(text="ready\n")
+            return web.Response(status=503, text=f"not ready: {problem}\n{extra}")
+        return web.Response(text=f"ready\n{extra}")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics_route)

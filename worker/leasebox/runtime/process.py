@@ -105,7 +105,7 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
         )
         if config.metrics_port:
             health = HealthServer(
-                build_app(worker.metrics, worker.readiness_problem),
+                build_app(worker.metrics, worker.readiness_problem, details=worker.status_lines),
                 config.metrics_host,
                 config.metrics_port,
             )

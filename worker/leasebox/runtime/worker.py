@@ -30,15 +30,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.connections import DATABASE_ERRORS, STATEMENT_TIMEOUT
-from leasebox.delivery.providers.base import (
-    Email,
-    Provider,
-    idempotency,
-    reads_content,
-    request_outcome,
-)
+from leasebox.delivery.boundary import Accepted, send_once
+from leasebox.delivery.providers.base import Email, Provider, idempotency, reads_content
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
+    EXPIRED_CODE,
     Failure,
     classify,
     retry_delay,
@@ -59,7 +55,6 @@ from leasebox.store.settling import Dead, Release, Retry, Sent
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
-_SETTLE_TIMEOUT = 5.0
 
 
 class Renderer(Protocol):
@@ -115,9 +110,9 @@ class Worker:
             schema=settings.schema,
             clock=clock,
             on_settled=self._settled,
+            lease_deadline=self._lease_deadline,
             statement_timeout=STATEMENT_TIMEOUT,
         )
-        self._close_deadline: float | None = None
         self.database_problem: str | None = None
         self.failed = False
 
@@ -134,6 +129,20 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def secrets_mode(self) -> str:
+        """How this worker handles message secrets (encrypted, plaintext allowed, no keys)."""
+        return self._cipher.mode
+
+    def status_lines(self) -> list[str]:
+        """What `/readyz` says under its verdict: how this worker runs."""
+        return [f"secrets: {self.secrets_mode}"]
+
+    @property
+    def completions(self) -> CompletionBatcher:
+        """The outcomes waiting to be written, and how writing them has gone."""
+        return self._completions
 
     @property
     def held(self) -> int:
@@ -167,9 +176,12 @@ class Worker:
                 "concurrency": s.concurrency,
                 "lease_seconds": s.lease_seconds,
                 "provider": self._provider.name,
+                "secrets": self.secrets_mode,
             },
         )
-        flusher = self._spawn(self._completions.run(lambda: self._close_deadline), "completions")
+        if not self._cipher.encrypts:
+            log.warning("secrets are not encrypted: %s", self.secrets_mode)
+        flusher = self._spawn(self._completions.run(), "completions")
         senders = [self._spawn(self._send_loop(), "sender") for _ in range(s.concurrency)]
         helpers = [
             self._spawn(self._lease_keeper(), "lease keeper"),
@@ -229,8 +241,13 @@ class Worker:
         for task in helpers:
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
-        self._close_deadline = time.monotonic() + _SETTLE_TIMEOUT
-        await self._completions.close(_SETTLE_TIMEOUT)
+        if self._completions.pending:
+            log.info(
+                "recording %d outcomes before exiting",
+                self._completions.pending,
+                extra={"worker_id": self.settings.worker_id},
+            )
+        await self._completions.close()
         flusher.cancel()
         await asyncio.gather(flusher, return_exceptions=True)
 
@@ -315,6 +332,10 @@ class Worker:
         self._held.pop(outbox_id, None)
         self._room.set()
 
+    def _lease_deadline(self, outbox_id: int) -> float | None:
+        held = self._held.get(outbox_id)
+        return None if held is None else held.deadline
+
     def _database_failed(self, what: str, exc: BaseException, failures: int) -> None:
         self.database_problem = f"database unavailable ({type(exc).__name__})"
         if failures == 1 or failures % 20 == 0:
@@ -340,40 +361,45 @@ class Worker:
                 log.warning("lease ran out before the send started", extra=message_fields(message))
             self._completions.put(Outcome(message, Release(held.lease)))
             return
-        if message.expires_at is not None and message.expires_at <= self._db_now(held):
+        if self._expired(held):
             self._finish(
                 held,
                 Dead(held.lease, DeadReason.EXPIRED, "expired before it could be sent", "expired"),
             )
             return
         try:
-            email = self._prepare(message)
+            email = self._prepare(held)
         except Exception as exc:
             self._failed(held, classify(exc))
             return
         self.metrics.inflight.inc()
         started = time.monotonic()
         try:
-            result = await self._provider.send(email)
+            outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
             self._completions.put(Outcome(message, Release(held.lease)))
             raise
-        except Exception as exc:
-            self._sent_or_failed(started, exc)
-            self._failed(held, classify(exc))
-            return
         finally:
             self.metrics.inflight.dec()
             self.metrics.kind(message.kind).send_duration.observe(time.monotonic() - started)
-        self._sent_or_failed(started, None)
-        self._finish(held, Sent(held.lease, result.provider_message_id))
+        if not (isinstance(outcome, Failure) and outcome.code == EXPIRED_CODE):  # not sent at all
+            elapsed = time.monotonic() - started
+            self.metrics.provider_request(self._provider.name, outcome.outcome, elapsed)
+        if isinstance(outcome, Accepted):
+            for warning in outcome.warnings:
+                log.warning("accepted, but %s", warning, extra=message_fields(message))
+            self._finish(held, Sent(held.lease, outcome.provider_message_id))
+        else:
+            self._failed(held, outcome)
 
-    def _sent_or_failed(self, started: float, exc: Exception | None) -> None:
-        """The provider-health metrics of one request: its outcome and how long it took."""
-        outcome = request_outcome(exc).value
-        self.metrics.provider_request(self._provider.name, outcome, time.monotonic() - started)
+    def _expired(self, held: Held) -> bool:
+        """Whether the row's `expires_at` has passed, on the database's clock: checked before
+        the send, and by the provider after every wait, right before the message goes out."""
+        expires_at = held.message.expires_at
+        return expires_at is not None and expires_at <= self._db_now(held)
 
-    def _prepare(self, message: ClaimedMessage) -> Email:
+    def _prepare(self, held: Held) -> Email:
+        message = held.message
         if self._reads_content:
             secrets = self._cipher.open(message.secrets) if message.secrets else {}
             rendered = self._renderer.render(message.template, message.data, secrets)
@@ -389,6 +415,7 @@ class Worker:
             text=rendered.text,
             html=rendered.html,
             attempt=message.attempts,
+            expired=lambda: self._expired(held),
         )
 
     def _db_now(self, held: Held) -> datetime:

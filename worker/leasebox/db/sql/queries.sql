@@ -8,51 +8,62 @@
 -- The receipt of (scope, idempotency_key), whether it expired, and its row's delivery key.
 SELECT r.request_hash, r.outbox_id, r.expires_at <= now() AS expired, o.delivery_key
 FROM {schema}.receipts AS r
-LEFT JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+JOIN {schema}.outbox AS o ON o.id = r.outbox_id
 WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s;
+
+-- name: find_delivery_key
+-- The row holding a delivery key, and whether it sends the same message as the caller's.
+SELECT o.id AS outbox_id, o.delivery_key,
+       (o.message_hash IS NULL OR o.message_hash = %(message_hash)s) AS same
+FROM {schema}.outbox AS o
+WHERE o.delivery_key = %(delivery_key)s;
 
 -- name: lock_key
 -- Serialise callers on one key until the end of the transaction.
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
 -- name: count_recipient_window
--- Logical sends to one recipient inside the abuse guard's window.
+-- Logical sends to one normalised recipient inside the abuse guard's window.
 SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
 FROM {schema}.outbox
-WHERE recipient = %(recipient)s
+WHERE recipient_key = %(recipient_key)s
   AND created_at > now() - make_interval(secs => %(window_seconds)s);
 
 -- name: count_scope_window
--- Logical sends in one scope inside the abuse guard's window.
+-- Logical sends (rows, with or without an idempotency key) in one scope inside the window.
 SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
-FROM {schema}.receipts
+FROM {schema}.outbox
 WHERE scope = %(scope)s
   AND created_at > now() - make_interval(secs => %(window_seconds)s);
 
 -- name: enqueue
 -- Write one logical send: reuse a live receipt, else insert the row and its receipt.
 -- One statement per logical send: reuse a live receipt, else insert the row (a row with the
--- same delivery key is the same send) and record the receipt. `source` says which happened.
+-- same delivery key and the same message is the same send; with another message it is a
+-- conflict, and no receipt is written) and record the receipt. `source` says which happened.
+-- Callers with an explicit delivery key hold its advisory lock, so a row this statement's
+-- ON CONFLICT waited for was committed before the statement's snapshot was taken.
 WITH found AS (
     SELECT r.request_hash, r.outbox_id, o.delivery_key
     FROM {schema}.receipts AS r
-    LEFT JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+    JOIN {schema}.outbox AS o ON o.id = r.outbox_id
     WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
       AND r.expires_at > now()
 ),
 inserted AS (
     INSERT INTO {schema}.outbox
-        (kind, aggregate_id, recipient, template, data, secrets, delivery_key, max_attempts,
-         available_at, expires_at)
-    SELECT %(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s, %(data)s, %(secrets)s,
-           %(delivery_key)s, %(max_attempts)s,
-           coalesce(%(available_at)s::timestamptz, now()), %(expires_at)s
+        (kind, aggregate_id, recipient, recipient_key, scope, message_hash, template, data,
+         secrets, delivery_key, max_attempts, available_at, expires_at)
+    SELECT %(kind)s, %(aggregate_id)s, %(recipient)s, %(recipient_key)s, %(scope)s,
+           %(message_hash)s, %(template)s, %(data)s, %(secrets)s, %(delivery_key)s,
+           %(max_attempts)s, coalesce(%(available_at)s::timestamptz, now()), %(expires_at)s
     WHERE NOT EXISTS (SELECT FROM found)
     ON CONFLICT (delivery_key) DO NOTHING
     RETURNING id, delivery_key
 ),
 existing AS (
-    SELECT o.id, o.delivery_key
+    SELECT o.id, o.delivery_key,
+           (o.message_hash IS NULL OR o.message_hash = %(message_hash)s) AS same
     FROM {schema}.outbox AS o
     WHERE o.delivery_key = %(delivery_key)s
       AND NOT EXISTS (SELECT FROM found) AND NOT EXISTS (SELECT FROM inserted)
@@ -60,7 +71,7 @@ existing AS (
 chosen AS (
     SELECT 'inserted' AS source, id, delivery_key FROM inserted
     UNION ALL
-    SELECT 'existing', id, delivery_key FROM existing
+    SELECT 'existing', id, delivery_key FROM existing WHERE same
 ),
 receipt AS (
     INSERT INTO {schema}.receipts (scope, idempotency_key, request_hash, outbox_id, expires_at)
@@ -77,7 +88,9 @@ receipt AS (
 )
 SELECT 'receipt' AS source, outbox_id, delivery_key, request_hash FROM found
 UNION ALL
-SELECT source, id, delivery_key, NULL FROM chosen;
+SELECT source, id, delivery_key, NULL FROM chosen
+UNION ALL
+SELECT 'conflict', id, delivery_key, NULL FROM existing WHERE NOT same;
 
 -- name: get_message
 -- One outbox row without its secrets, for tools and tests.
@@ -337,11 +350,14 @@ DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
 RETURNING o.id;
 
 -- name: prune_sent
--- Delete one batch of sent rows older than the retention.
+-- Delete one batch of sent rows older than the retention that no live receipt references.
 WITH doomed AS (
-    SELECT id FROM {schema}.outbox
-    WHERE status = 'sent' AND sent_at < now() - make_interval(secs => %(retention_seconds)s)
-    ORDER BY sent_at
+    SELECT o.id FROM {schema}.outbox AS o
+    WHERE o.status = 'sent'
+      AND o.sent_at < now() - make_interval(secs => %(retention_seconds)s)
+      AND NOT EXISTS (SELECT FROM {schema}.receipts AS r
+                      WHERE r.outbox_id = o.id AND r.expires_at > now())
+    ORDER BY o.sent_at
     LIMIT %(limit)s
 )
 DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id;

@@ -12,6 +12,12 @@ CREATE TABLE {schema}.outbox (
     data jsonb NOT NULL DEFAULT '{{}}'::jsonb,
     secrets bytea,
     delivery_key text NOT NULL UNIQUE,
+    -- The recipient normalised (trimmed, case-folded, IDNA domain): what the guard counts.
+    recipient_key text,
+    -- The producer's scope, for the guard's per-scope limit.
+    scope text,
+    -- A fingerprint of what the row sends: a delivery key reused for another message conflicts.
+    message_hash text,
     status text NOT NULL DEFAULT 'pending'
         CHECK (status IN ('pending', 'processing', 'sent', 'dead')),
     attempts integer NOT NULL DEFAULT 0,
@@ -54,22 +60,24 @@ CREATE INDEX outbox_dead_idx ON {schema}.outbox (kind, updated_at)
 -- Send rate and pruning of sent rows.
 CREATE INDEX outbox_sent_idx ON {schema}.outbox (sent_at)
     WHERE status = 'sent';
--- The abuse guard's per-recipient window.
-CREATE INDEX outbox_recipient_created_idx ON {schema}.outbox (recipient, created_at);
+-- The abuse guard's windows: per normalised recipient, and per scope.
+CREATE INDEX outbox_recipient_key_created_idx ON {schema}.outbox (recipient_key, created_at);
+CREATE INDEX outbox_scope_created_idx ON {schema}.outbox (scope, created_at);
 
 CREATE TABLE {schema}.receipts (
     scope text NOT NULL,
     idempotency_key text NOT NULL,
     request_hash text NOT NULL,
-    outbox_id bigint NOT NULL,
+    -- A receipt goes with its row, so it never points at a missing one.
+    outbox_id bigint NOT NULL REFERENCES {schema}.outbox (id) ON DELETE CASCADE,
     created_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (scope, idempotency_key)
 ) WITH (fillfactor = 90);
 
--- Abuse guard per scope, and pruning of expired receipts.
-CREATE INDEX receipts_scope_created_idx ON {schema}.receipts (scope, created_at);
+-- Pruning of expired receipts, and the cascade (and live-receipt check) of deleted rows.
 CREATE INDEX receipts_expires_idx ON {schema}.receipts (expires_at);
+CREATE INDEX receipts_outbox_idx ON {schema}.receipts (outbox_id);
 
 -- Wakes idle workers when rows arrive; one notification per statement, not per row.
 CREATE FUNCTION {schema}.notify_outbox() RETURNS trigger

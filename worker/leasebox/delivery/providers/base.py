@@ -5,28 +5,49 @@ either a `SendResult` or a `ProviderError` whose `error_class` decides between a
 backoff (`transient`) and a dead letter (`permanent`). Error messages end up in logs and in the
 outbox's `last_error`, so everything here that builds one keeps bodies, codes, passwords and
 full recipient addresses out of it.
+
+Two duties of every provider, built in or plugged in:
+
+- **Never late.** A provider that waits before it writes a message (for a pooled connection,
+  a rate limit, a token) calls `email.raise_if_expired()` after the wait and right before the
+  first byte of the message goes out; an OTP past its `expires_at` then becomes a dead letter
+  (`expired`) instead of a late code. A send that started before the expiry may finish.
+- **Say when it does not know.** When the whole message reached the provider and the answer
+  was lost, raise `AmbiguousProviderError` and do not send it again yourself: the worker
+  retries later with the same delivery key.
+
+Whatever a provider returns or raises is untrusted text: the runtime sanitises and bounds it
+(`leasebox.delivery.boundary`) before it reaches the database, a log line or a metric label.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from leasebox.errors import PERMANENT, ProviderError
+from leasebox.errors import PERMANENT, MessageExpired, ProviderError
 
 MAX_ERROR_LENGTH = 240
 MESSAGE_ID_DOMAIN = "leasebox"
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Email:
-    """One rendered message, ready for a provider; its text never shows in a repr."""
+    """One rendered message, ready for a provider; its text never shows in a repr.
+
+    `expired()` says whether the message's `expires_at` has passed, on the clock the worker
+    shares with the database; `raise_if_expired()` is what a provider calls after a wait.
+    """
 
     outbox_id: int
     kind: str
@@ -37,18 +58,29 @@ class Email:
     text: str = field(repr=False)
     html: str | None = field(repr=False)
     attempt: int
+    expired: Callable[[], bool] = field(default=_never, repr=False, compare=False)
 
     @property
     def recipient_domain(self) -> str:
         """The part of the recipient after `@`, the most a log line may show of it."""
         return recipient_domain(self.recipient)
 
+    def raise_if_expired(self) -> None:
+        """`MessageExpired` if the message must no longer be written to the wire."""
+        if self.expired():
+            raise MessageExpired()
+
 
 @dataclass(frozen=True)
 class SendResult:
-    """What the provider said when it accepted a message."""
+    """What the provider said when it accepted a message.
+
+    `warning` is for an acceptance with a flaw worth a log line (a reply that could not be
+    read, so no provider id); the message counts as sent either way.
+    """
 
     provider_message_id: str | None
+    warning: str | None = None
 
 
 @runtime_checkable
@@ -116,15 +148,26 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 _WHITESPACE = re.compile(r"\s+")
+# Control characters (NUL included) and UTF-16 surrogates: unstorable in PostgreSQL text, or
+# able to forge a line in a log; each is replaced by U+FFFD so that the damage shows.
+_UNSAFE = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def safe_text(text: str) -> str:
+    """`text` with every character that a database column or a log line must not hold
+    replaced by U+FFFD (whitespace such as newlines is kept; `one_line` flattens it)."""
+    return _UNSAFE.sub(REPLACEMENT, text)
 
 
 def one_line(text: str, *, hide: Iterable[str] = (), limit: int = MAX_ERROR_LENGTH) -> str:
-    """`text` as a single bounded line with every value in `hide` masked.
+    """`text` as a single bounded, storable line with every value in `hide` masked.
 
     Used on replies from remote servers, which may quote a recipient or, from a careless
-    server, a credential.
+    server, a credential, and may hold anything at all: NUL bytes, lone surrogates, a
+    megabyte of text. Only the start of a huge text is looked at.
     """
-    flat = _WHITESPACE.sub(" ", text).strip()
+    flat = _WHITESPACE.sub(" ", safe_text(text[: limit * 16])).strip()
     for value in sorted((v for v in hide if v), key=len, reverse=True):
         flat = re.sub(re.escape(value), "***", flat, flags=re.IGNORECASE)
     if len(flat) > limit:
@@ -164,9 +207,11 @@ def request_outcome(exc: BaseException | None) -> Outcome:
     if exc is None:
         return Outcome.ACCEPTED
     if isinstance(exc, ProviderError):
-        if exc.outcome is not None and exc.outcome in Outcome._value2member_map_:
-            return Outcome(exc.outcome)
-        return _outcome_from_code(exc)
+        named = getattr(exc, "outcome", None)
+        if isinstance(named, str) and named in Outcome._value2member_map_:
+            return Outcome(named)
+        code = getattr(exc, "code", None)
+        return _outcome_from_code(code if isinstance(code, str) else "", exc.error_class)
     if isinstance(exc, TimeoutError):
         return Outcome.TIMEOUT
     if isinstance(exc, OSError):
@@ -174,11 +219,10 @@ def request_outcome(exc: BaseException | None) -> Outcome:
     return Outcome.ERROR
 
 
-def _outcome_from_code(exc: ProviderError) -> Outcome:
-    code = exc.code
-    if code == "timeout":
+def _outcome_from_code(code: str, error_class: object) -> Outcome:
+    if code in ("timeout", "pool_timeout"):
         return Outcome.TIMEOUT
-    if code in ("connection", "tls"):
+    if code in ("connection", "tls", "ambiguous"):
         return Outcome.CONNECTION
     if code.endswith("_auth"):
         return Outcome.ACCOUNT
@@ -190,7 +234,7 @@ def _outcome_from_code(exc: ProviderError) -> Outcome:
         return Outcome.ACCOUNT
     if number == 421 or (code.startswith("http_") and number >= 500):
         return Outcome.UNAVAILABLE
-    if exc.error_class == PERMANENT:
+    if error_class == PERMANENT:
         return Outcome.REJECTED
     return Outcome.ERROR
 

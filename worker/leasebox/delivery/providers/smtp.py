@@ -2,16 +2,28 @@
 
 The worker runs many sends at once, so the provider keeps a small pool of authenticated
 connections (`pool_size`, default 8) instead of paying connect + EHLO + STARTTLS + AUTH per
-message; a connection that broke while idle is replaced once, transparently. Replies map onto
-the worker's two outcomes: 4xx, timeouts and connection failures are transient, 5xx permanent.
-Failing to *connect* during a send is always transient, because a rotated password or a broken
-certificate is not the message's fault and must not dead-letter the queue.
+message. Replies map onto the worker's outcomes: 4xx, timeouts and connection failures are
+transient, 5xx permanent. Failing to *connect* during a send is always transient, because a
+rotated password or a broken certificate is not the message's fault and must not
+dead-letter the queue.
+
+Where a connection breaks decides what may happen next. Before DATA (an idle connection the
+server closed, found out at MAIL FROM) nothing was sent, so the message is tried once more on
+a fresh connection. From DATA on, the server may hold the whole message: a connection lost
+(or a reply that never came) then is *ambiguous*, `AmbiguousProviderError`, and the message
+is never sent again within this attempt; the worker's next attempt carries the same
+Message-ID, by which receiving systems drop a duplicate.
+
+Waiting for a free connection is bounded by the timeout, and the message's expiry is checked
+again right before DATA, after every wait (for the pool, the connection, the envelope): an
+OTP that expired meanwhile is never written to the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.headerregistry import Address
@@ -19,6 +31,7 @@ from email.message import EmailMessage
 from email.utils import format_datetime, parseaddr
 
 import aiosmtplib
+from aiosmtplib.typing import Default
 
 from leasebox.delivery.providers.base import (
     Email,
@@ -28,11 +41,14 @@ from leasebox.delivery.providers.base import (
 )
 from leasebox.delivery.providers.urls import ProviderUrl, parse_provider_url
 from leasebox.errors import (
+    AmbiguousProviderError,
     ConfigurationError,
+    MessageExpired,
     PermanentProviderError,
     ProviderError,
     TransientProviderError,
 )
+from leasebox.messages import ascii_domain
 
 DEFAULT_SENDER = "leasebox@localhost"
 DEFAULT_POOL_SIZE = 8
@@ -41,7 +57,32 @@ _CONNECTION_ERRORS = (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPConnectE
 
 
 class _Disconnected(Exception):
-    """The connection broke before the server answered; the caller decides what that means."""
+    """The connection broke before DATA: nothing of the message was sent."""
+
+
+def _nothing_to_check() -> None:
+    return None
+
+
+class _Client(aiosmtplib.SMTP):
+    """aiosmtplib's client, knowing whether the message itself has begun (DATA was sent).
+
+    `before_data` runs right before DATA: the last moment at which not sending is certain.
+    """
+
+    data_started = False
+    before_data: Callable[[], None] = staticmethod(_nothing_to_check)
+
+    async def data(
+        self,
+        message: str | bytes,
+        /,
+        *,
+        timeout: float | Default | None = Default.token,  # noqa: ASYNC109 - aiosmtplib's own
+    ) -> aiosmtplib.SMTPResponse:
+        self.before_data()
+        self.data_started = True
+        return await super().data(message, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -68,15 +109,28 @@ class SmtpSettings:
         return parseaddr(self.sender)[1]
 
 
+def wire_address(address: str) -> str:
+    """`address` as SMTP writes it: as given, except that an internationalised domain is in
+    its ASCII (IDNA) form, the same mailbox for every server, SMTPUTF8 or not."""
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    try:
+        return f"{local}@{ascii_domain(domain)}"
+    except ValueError:
+        return address  # refused later, as an address that cannot be sent
+
+
 def build_message(email: Email, sender: str) -> EmailMessage:
     """The MIME message for `email`: text, optional HTML alternative, stable Message-ID."""
     message = EmailMessage()
     message["From"] = sender
-    message["To"] = email.recipient
+    message["To"] = wire_address(email.recipient)
     message["Subject"] = " ".join(email.subject.split())
     message["Date"] = format_datetime(datetime.now(UTC))
     message["Message-ID"] = derived_message_id(email.delivery_key)
     message["X-Leasebox-Delivery-Key"] = email.delivery_key
+    message["X-Leasebox-Attempt"] = str(email.attempt)
     message["Auto-Submitted"] = "auto-generated"
     message.set_content(email.text)
     if email.html is not None:
@@ -93,7 +147,7 @@ class SmtpProvider:
 
     def __init__(self, settings: SmtpSettings) -> None:
         self.settings = settings
-        self._idle: list[aiosmtplib.SMTP] = []
+        self._idle: list[_Client] = []
         self._slots = asyncio.Semaphore(settings.pool_size)
         self._closed = False
 
@@ -115,16 +169,18 @@ class SmtpProvider:
                 "invalid_message",
                 "cannot build the message: the recipient or subject is not a valid header",
             ) from None
-        async with self._slots:
+        await self._acquire_slot()
+        try:
             client = self._take_idle()
             if client is not None:
                 try:
                     await self._transmit(client, message, email)
                     return SendResult(provider_message_id=str(message["Message-ID"]))
                 except _Disconnected:
-                    pass  # dropped while idle; nothing was accepted, so one fresh try is safe
+                    pass  # dropped while idle, before DATA: nothing was sent, one fresh try
                 finally:
                     self._give_back(client)
+            email.raise_if_expired()
             client = await self._connect(during_send=True)
             try:
                 await self._transmit(client, message, email)
@@ -134,7 +190,21 @@ class SmtpProvider:
                 ) from None
             finally:
                 self._give_back(client)
+        finally:
+            self._slots.release()
         return SendResult(provider_message_id=str(message["Message-ID"]))
+
+    async def _acquire_slot(self) -> None:
+        """A connection slot within the timeout, or a transient error: nothing was sent."""
+        try:
+            async with asyncio.timeout(self.settings.timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise TransientProviderError(
+                "pool_timeout",
+                f"no connection to SMTP server {self.settings.target} came free within "
+                f"{self.settings.timeout:g}s",
+            ) from None
 
     async def check(self) -> str | None:
         if self._closed:
@@ -174,7 +244,7 @@ class SmtpProvider:
                 break
             await asyncio.sleep(0.005)
 
-    def _take_idle(self) -> aiosmtplib.SMTP | None:
+    def _take_idle(self) -> _Client | None:
         while self._idle:
             client = self._idle.pop()
             if client.is_connected:
@@ -182,24 +252,42 @@ class SmtpProvider:
             client.close()
         return None
 
-    def _give_back(self, client: aiosmtplib.SMTP) -> None:
+    def _give_back(self, client: _Client) -> None:
         if self._closed or not client.is_connected:
             client.close()
         else:
             self._idle.append(client)
 
-    async def _transmit(self, client: aiosmtplib.SMTP, message: EmailMessage, email: Email) -> None:
+    async def _transmit(self, client: _Client, message: EmailMessage, email: Email) -> None:
+        client.data_started = False
+        client.before_data = email.raise_if_expired
         try:
             await client.send_message(
-                message, sender=self.settings.envelope_sender, recipients=[email.recipient]
+                message,
+                sender=self.settings.envelope_sender,
+                recipients=[wire_address(email.recipient)],
             )
+        except MessageExpired:
+            await self._reset(client)
+            raise
         except aiosmtplib.SMTPTimeoutError:
             client.close()
+            if client.data_started:
+                raise AmbiguousProviderError(
+                    f"SMTP server {self.settings.target} did not confirm the message in time; "
+                    "it may have been accepted (retried later with the same Message-ID)"
+                ) from None
             raise TransientProviderError(
                 "timeout", f"SMTP server {self.settings.target} did not answer in time"
             ) from None
         except _CONNECTION_ERRORS as exc:
             client.close()
+            if client.data_started:
+                raise AmbiguousProviderError(
+                    f"SMTP server {self.settings.target} dropped the connection after the "
+                    "message was sent, before confirming it; it may have been accepted "
+                    "(retried later with the same Message-ID)"
+                ) from None
             raise _Disconnected() from exc
         except aiosmtplib.SMTPRecipientsRefused as exc:
             refused = exc.recipients[0]
@@ -211,6 +299,18 @@ class SmtpProvider:
                 "smtp_unsupported", self._describe(exc, "cannot take this message", email)
             ) from None
         except aiosmtplib.SMTPResponseException as exc:
+            if not 200 <= exc.code < 600:  # a reply that could not be read at all
+                client.close()
+                if client.data_started:
+                    raise AmbiguousProviderError(
+                        f"SMTP server {self.settings.target} answered the message with a reply "
+                        "that cannot be read; it may have been accepted (retried later with "
+                        "the same Message-ID)"
+                    ) from None
+                raise TransientProviderError(
+                    "smtp_invalid_reply",
+                    f"SMTP server {self.settings.target} sent a reply that cannot be read",
+                ) from None
             raise self._reply_error(exc.code, exc.message, email, "rejected the message") from None
         except aiosmtplib.SMTPException as exc:
             client.close()
@@ -221,6 +321,16 @@ class SmtpProvider:
             raise PermanentProviderError(
                 "invalid_address", "the recipient address cannot be sent over SMTP"
             ) from None
+        finally:
+            client.before_data = _nothing_to_check
+
+    @staticmethod
+    async def _reset(client: _Client) -> None:
+        """End the open envelope (MAIL, RCPT) so that the connection serves the next send."""
+        try:
+            await client.rset()
+        except (aiosmtplib.SMTPException, OSError):
+            client.close()
 
     def _reply_error(self, code: int, reply: str, email: Email | None, what: str) -> ProviderError:
         text = one_line(reply, hide=self._hidden(email), limit=160)
@@ -229,9 +339,9 @@ class SmtpProvider:
             return PermanentProviderError(f"smtp_{code}", message)
         return TransientProviderError(f"smtp_{code}", message)
 
-    async def _connect(self, *, during_send: bool) -> aiosmtplib.SMTP:
+    async def _connect(self, *, during_send: bool) -> _Client:
         settings = self.settings
-        client = aiosmtplib.SMTP(
+        client = _Client(
             hostname=settings.host,
             port=settings.port,
             username=settings.username,
