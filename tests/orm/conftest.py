@@ -10,9 +10,18 @@ from collections.abc import Iterator
 
 import pytest
 
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from support.orm_producers import VARIANTS, Producer, configure_django, producer_for
 
 configure_django()
+
+
+@pytest.fixture(autouse=True)
+def payload_keys(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Keys in the environment, as a production producer has them (secrets fail closed)."""
+    key = generate_key()
+    monkeypatch.setenv(KEYS_VARIABLE, key)
+    return key
 
 
 @pytest.fixture(params=VARIANTS)

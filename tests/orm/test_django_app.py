@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from importlib import import_module
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,6 +17,7 @@ from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
 import leasebox.django
+import leasebox.producer.django.migrations
 from leasebox import OutboxMessage
 from leasebox.db.migrations import available_migrations
 from leasebox.producer.django.apps import check_settings
@@ -79,8 +81,14 @@ def test_leasebox_migrate_takes_another_schema(django_empty_alias: str, empty_db
 
 
 def test_the_django_migrations_reach_the_latest_leasebox_migration() -> None:
-    latest = import_module("leasebox.producer.django.migrations.0001_leasebox_schema")
-    assert available_migrations()[-1].version == latest.LEASEBOX_VERSION
+    folder = Path(leasebox.producer.django.migrations.__file__).parent
+    names = sorted(p.stem for p in folder.glob("0*.py"))
+    versions = [
+        import_module(f"leasebox.producer.django.migrations.{name}").LEASEBOX_VERSION
+        for name in names
+    ]
+    assert versions == list(range(1, len(versions) + 1)), "one Django migration per version"
+    assert available_migrations()[-1].version == versions[-1]
 
 
 def test_enqueue_outside_an_atomic_block_is_refused_and_writes_nothing(
