@@ -320,7 +320,7 @@ def wait_until(
     deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s: {describe()}")
+            raise AssertionError(f"timed out after {within}s waiting: {describe()}")
         time.sleep(0.05)
 
 

@@ -16,7 +16,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.runtime.worker import Worker
 from leasebox.testing.embedded import free_port
+from support.waiting import wait_for
 from support.worker_doubles import Insert, ScriptedProvider, row_of, statuses
 
 SMTP_PASSWORD = "smtp-pw-" + secrets.token_hex(6)
@@ -134,11 +134,12 @@ def test_no_code_secret_password_or_recipient_reaches_logs_metrics_or_stored_err
     )
     scraped = []
     try:
-        deadline = time.monotonic() + 60
-        while statuses(db_conn) != {"sent": 11, "dead": 1}:
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, statuses(db_conn)
-            time.sleep(0.05)
+        wait_for(
+            lambda: process.poll() is not None or statuses(db_conn) == {"sent": 11, "dead": 1},
+            what="every message sent or dead",
+            timeout=60,
+        )
+        assert process.poll() is None, process.communicate()[1]
         for path in ("metrics", "readyz", "healthz"):
             url = f"http://127.0.0.1:{metrics_port}/{path}"
             with urllib.request.urlopen(url, timeout=5) as response:

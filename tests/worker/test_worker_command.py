@@ -280,7 +280,7 @@ def _get_when_up(url: str, process: subprocess.Popen[str], within: float = 30) -
                 return str(response.read().decode())
         except OSError:
             assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, f"{url} did not answer in time"
+            assert time.monotonic() < deadline, f"timed out: {url} did not answer"
             time.sleep(0.05)
 
 
@@ -290,7 +290,7 @@ def _wait_for(
     deadline = time.monotonic() + within
     while not condition():
         assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, "condition not met in time"
+        assert time.monotonic() < deadline, "timed out waiting for the condition"
         time.sleep(0.05)
 
 
