@@ -84,14 +84,15 @@ def _run_seed(command: list[str]) -> None:
         raise RuntimeError(f"seeding failed: {' | '.join(tail)}")
 
 
-def seed_outbox(dsn: str, rows: int) -> None:
-    """Ready OTP rows in leasebox's outbox, as `leasebox.enqueue` would write them."""
+def seed_outbox(dsn: str, rows: int, first: int = 0) -> None:
+    """Ready OTP rows in leasebox's outbox, as `leasebox.enqueue` would write them, numbered
+    from `first` (delivery keys are unique, so a second batch starts past the first)."""
     secrets = default_cipher().seal({"code": "246810"})
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for first in range(0, rows, SEED_CHUNK):
-            count = min(SEED_CHUNK, rows - first)
+        for start in range(first, first + rows, SEED_CHUNK):
+            count = min(SEED_CHUNK, first + rows - start)
             conn.execute(
-                bench_query("seed_ready"), {"first": first, "count": count, "secrets": secrets}
+                bench_query("seed_ready"), {"first": start, "count": count, "secrets": secrets}
             )
 
 

@@ -217,3 +217,7 @@ FROM unnest(%(kind)s::text[], %(aggregate_id)s::text[], %(recipient)s::text[],
             %(template)s::text[], %(data)s::jsonb[], %(delivery_key)s::text[],
             %(max_attempts)s::int[])
      AS r(kind, aggregate_id, recipient, template, data, delivery_key, max_attempts);
+
+-- name: count_outbox
+-- Every row of the outbox (what an enqueue case wrote).
+SELECT count(*) FROM {schema}.outbox;
