@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -188,7 +189,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
                 method,
                 ONE,
                 single,
-                lambda d, s=send: _timed(d, s, single, 1),
+                partial(_timed, send=send, count=single, per_transaction=1),
                 single + warm_one,
             )
         )
@@ -199,7 +200,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
                 method,
                 LOOP,
                 batched,
-                lambda d, s=send: _timed(d, s, batched, BATCH),
+                partial(_timed, send=send, count=batched, per_transaction=BATCH),
                 batched + warm_one,
             )
         )
@@ -209,7 +210,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
             PLAIN_MANY,
             MANY,
             batched,
-            lambda d: _timed_many(d, _plain_insert_many, batched, BATCH),
+            partial(_timed_many, send=_plain_insert_many, count=batched, per_call=BATCH),
             batched + warm_many,
         )
     )
@@ -224,7 +225,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
                 LEASEBOX_MANY,
                 MANY,
                 batched,
-                lambda d: _timed_many(d, _leasebox_enqueue_many, batched, BATCH),
+                partial(_timed_many, send=_leasebox_enqueue_many, count=batched, per_call=BATCH),
                 batched + warm_many,
             )
         )

@@ -10,23 +10,6 @@ SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
        %(secrets)s::bytea, 'otp:bench:' || g
 FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g;
 
--- name: seed_sent
--- Sent rows at a steady rate: the newest `offset` seconds ago, the oldest `span` seconds
--- before that.
-INSERT INTO {schema}.outbox
-    (kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
-     created_at, updated_at, sent_at, provider_message_id)
-SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
-       jsonb_build_object('i', g, 'name', 'User ' || g),
-       'otp:sent:' || g, 'sent', 1,
-       t.at - interval '1 second', t.at, t.at, 'null-' || g
-FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g
-CROSS JOIN LATERAL (
-    SELECT now() - make_interval(secs => %(offset)s::float8
-                                         + %(span)s::float8 * (g - %(first)s::bigint)
-                                           / greatest(%(count)s::bigint, 1)) AS at
-) AS t;
-
 -- name: plain_insert
 -- The enqueue benchmark's yardstick: the same row as `insert_outbox`, with nothing around it.
 INSERT INTO {schema}.outbox
