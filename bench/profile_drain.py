@@ -34,33 +34,6 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*)\)$")
 _PACKAGE_ROOTS = ("site-packages/", "dist-packages/", "/worker/", "/operator/", "/bench/")
 
 
-@dataclass(frozen=True)
-class Profile:
-    tool: str
-    samples: int
-    by_package: list[tuple[str, float]]
-    inclusive: list[tuple[str, float]]
-    leaves: list[tuple[str, float]]
-    raw_path: str
-    summary_path: str
-    error: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        def share(rows: list[tuple[str, float]]) -> list[dict[str, Any]]:
-            return [{"name": name, "percent": round(p, 1)} for name, p in rows]
-
-        return {
-            "tool": self.tool,
-            "samples": self.samples,
-            "by_package": share(self.by_package),
-            "leasebox_inclusive": share(self.inclusive),
-            "self": share(self.leaves),
-            "raw": self.raw_path,
-            "summary": self.summary_path,
-            "error": self.error,
-        }
-
-
 def module_of(path: str) -> str:
     """The dotted module of a frame's file (`leasebox.runtime.worker`, `psycopg.cursor`)."""
     cleaned = path.replace("\\", "/")
@@ -93,9 +66,21 @@ def _frames(stack: str) -> list[tuple[str, str]]:
     return found
 
 
-def summarise_collapsed(text: str, top: int = 15) -> tuple[int, list[Any], list[Any], list[Any]]:
-    """(samples, share by package of the leaf, leasebox functions inclusive, leaves self)."""
-    total = 0
+@dataclass(frozen=True)
+class Summary:
+    """Where the sampled CPU went; shares are of the samples after start-up."""
+
+    samples: int
+    start_up: int
+    by_package: list[tuple[str, float]]
+    inclusive: list[tuple[str, float]]
+    leaves: list[tuple[str, float]]
+
+
+def summarise_collapsed(text: str, top: int = 15) -> Summary:
+    """Collapsed stacks (`frame;frame;... count`) summarised. Stacks inside an import are
+    start-up, counted apart, so that the shares describe the drain itself."""
+    total = start_up = 0
     packages: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
@@ -108,39 +93,79 @@ def summarise_collapsed(text: str, top: int = 15) -> tuple[int, list[Any], list[
         if not frames:
             continue
         total += count
+        if any(m.startswith("importlib") for _, m in frames):
+            start_up += count
+            continue
         function, module = frames[-1]
-        starting = any(m.startswith("importlib") for _, m in frames)
-        packages["start-up (imports)" if starting else area_of(module)] += count
+        packages[area_of(module)] += count
         leaves[f"{module}.{function}"] += count
         own = {f"{m}.{f}" for f, m in frames if m.startswith("leasebox.")}
         for name in {n for n in own if not n.startswith("leasebox.cli.")}:
             inclusive[name] += count
+    running = total - start_up
 
     def shares(counter: Counter[str]) -> list[tuple[str, float]]:
-        return [(name, 100.0 * c / total) for name, c in counter.most_common(top)] if total else []
+        if not running:
+            return []
+        return [(name, 100.0 * c / running) for name, c in counter.most_common(top)]
 
-    return total, shares(packages), shares(inclusive), shares(leaves)
+    return Summary(total, start_up, shares(packages), shares(inclusive), shares(leaves))
 
 
-def _markdown(name: str, rows: int, profile: Profile) -> str:
+@dataclass(frozen=True)
+class Profile:
+    """One profiled drain: the tool, where the CPU went, and the files written."""
+
+    name: str
+    rows: int
+    tool: str
+    summary: Summary | None
+    raw_path: str
+    summary_path: str
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        def share(rows: list[tuple[str, float]]) -> list[dict[str, Any]]:
+            return [{"name": name, "percent": round(p, 1)} for name, p in rows]
+
+        found = self.summary
+        return {
+            "name": self.name,
+            "rows": self.rows,
+            "tool": self.tool,
+            "samples": found.samples if found else 0,
+            "start_up_samples": found.start_up if found else 0,
+            "by_package": share(found.by_package) if found else [],
+            "leasebox_inclusive": share(found.inclusive) if found else [],
+            "self": share(found.leaves) if found else [],
+            "raw": self.raw_path,
+            "summary": self.summary_path,
+            "error": self.error,
+        }
+
+
+def markdown(profile: Profile) -> str:
+    """The summary file: what was profiled, then the three tables."""
+
     def table(title: str, found: list[tuple[str, float]]) -> str:
-        lines = [f"**{title}**", "", "| where | % of samples |", "|---|---:|"]
+        lines = [f"**{title}**", "", "| where | % of the drain's samples |", "|---|---:|"]
         lines += [f"| `{n}` | {p:.1f} |" for n, p in found]
         return "\n".join(lines)
 
+    summary = profile.summary
+    assert summary is not None
     head = (
-        f"# Profile: `leasebox worker --drain` ({name}), {rows:,} rows\n\n"
-        f"{profile.tool}, {profile.samples:,} samples of CPU (waits for the database and the "
-        "provider are not sampled). Raw samples: "
-        f"`{Path(profile.raw_path).name}`.\n"
+        f"# Profile: `leasebox worker --drain` ({profile.name}), {profile.rows:,} rows\n\n"
+        f"{profile.tool}: {summary.samples:,} samples of CPU (waits for the database and the "
+        f"provider are not sampled), {summary.start_up:,} of them in start-up (imports), left "
+        "out of the shares below. Raw samples (collapsed stacks): "
+        f"`{Path(profile.raw_path).name}`."
     )
     parts = [
         head,
-        table("By package (where the CPU is spent, leaf frame)", profile.by_package),
-        table(
-            "leasebox functions, inclusive (what they and their callees cost)", profile.inclusive
-        ),
-        table("Leaf functions, self time", profile.leaves),
+        table("By package (where the CPU is spent, leaf frame)", summary.by_package),
+        table("leasebox functions, inclusive (they and their callees)", summary.inclusive),
+        table("Leaf functions, self time", summary.leaves),
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -192,51 +217,40 @@ def run_profile(
     raw = results / f"profile-{name}.txt"
     summary = results / f"profile-{name}.md"
     system = leasebox_system(provider=provider)
+    unused = Path(tempfile.gettempdir()) / "leasebox-bench-unused.json"
+    tool = _py_spy()
+    error = "py-spy is not installed"
+    if tool is not None:
+        with server.database("profile", leasebox_schema=True) as dsn:
+            seed_outbox(dsn, rows)
+            settle(dsn)
+            error = _profile_with_py_spy(tool, system.worker_command(dsn, unused), raw)
+        if not error:
+            found = Profile(
+                name,
+                rows,
+                f"py-spy {SAMPLE_RATE} Hz",
+                summarise_collapsed(raw.read_text("utf-8")),
+                _shown(raw),
+                _shown(summary),
+            )
+            summary.write_text(markdown(found), "utf-8")
+            return found
     with server.database("profile", leasebox_schema=True) as dsn:
         seed_outbox(dsn, rows)
         settle(dsn)
-        command = system.worker_command(dsn, Path(tempfile.gettempdir()) / "unused.json")
-        tool = _py_spy()
-        if tool is not None:
-            error = _profile_with_py_spy(tool, command, raw)
-            if not error:
-                total, packages, inclusive, leaves = summarise_collapsed(raw.read_text("utf-8"))
-                found = Profile(
-                    f"py-spy {SAMPLE_RATE} Hz",
-                    total,
-                    packages,
-                    inclusive,
-                    leaves,
-                    _shown(raw),
-                    _shown(summary),
-                )
-                summary.write_text(_markdown(name, rows, found), "utf-8")
-                return found
-        else:
-            error = "py-spy is not installed"
-        with server.database("profile", leasebox_schema=True) as again:
-            seed_outbox(again, rows)
-            settle(again)
-            command = system.worker_command(again, Path(tempfile.gettempdir()) / "unused.json")
-            stats_file = Path(tempfile.gettempdir()) / f"leasebox-bench-{name}.prof"
-            table, failure = _profile_with_cprofile(command, stats_file)
-        if failure:
-            return Profile("none", 0, [], [], [], "", "", f"{error}; cProfile: {failure}")
-        raw = results / f"profile-{name}-cprofile.txt"
-        raw.write_text(table, "utf-8")
-        summary.write_text(
-            f"# Profile: `leasebox worker --drain` ({name}), {rows:,} rows\n\n"
-            f"cProfile (py-spy unavailable: {error}); top functions by own time:\n\n"
-            f"```\n{table}\n```\n",
-            "utf-8",
-        )
-        return Profile(
-            "cProfile",
-            0,
-            [],
-            [],
-            [],
-            _shown(raw),
-            _shown(summary),
-            f"py-spy unavailable: {error}",
-        )
+        stats_file = Path(tempfile.gettempdir()) / f"leasebox-bench-{name}.prof"
+        table, failure = _profile_with_cprofile(system.worker_command(dsn, unused), stats_file)
+    if failure:
+        return Profile(name, rows, "none", None, "", "", f"{error}; cProfile: {failure}")
+    raw = results / f"profile-{name}-cprofile.txt"
+    raw.write_text(table, "utf-8")
+    summary.write_text(
+        f"# Profile: `leasebox worker --drain` ({name}), {rows:,} rows\n\n"
+        f"cProfile (py-spy unavailable: {error}); top functions by own time:\n\n"
+        f"```\n{table}\n```\n",
+        "utf-8",
+    )
+    return Profile(
+        name, rows, "cProfile", None, _shown(raw), _shown(summary), f"py-spy unavailable: {error}"
+    )

@@ -179,19 +179,26 @@ def _rate_or_failure(run: dict[str, Any]) -> str:
 
 
 def _profile(profile: dict[str, Any]) -> str:
-    if profile.get("error") and not profile.get("by_package"):
-        return f"Profile: {profile['error']} (see `{profile.get('summary') or 'n/a'}`)"
-    shares = ", ".join(f"{p['name']} {p['percent']:.0f}%" for p in profile["by_package"][:8])
-    hot = ", ".join(f"`{p['name']}` {p['percent']:.0f}%" for p in profile["self"][:5])
+    where = f"`{profile['summary']}`" if profile.get("summary") else "no file"
+    if not profile.get("by_package"):
+        return f"- {profile['name']}: {profile['tool']}, {profile.get('error') or ''} ({where})"
+    shares = ", ".join(f"{p['name']} {p['percent']:.0f}%" for p in profile["by_package"][:6])
+    hot = ", ".join(f"`{p['name']}` {p['percent']:.0f}%" for p in profile["self"][:4])
     return (
-        f"{profile['tool']}, {profile['samples']:,} samples: by package {shares}. "
-        f"Hottest leaves: {hot}. Summary `{profile['summary']}`, raw `{profile['raw']}`."
+        f"- {profile['name']}, {_num(profile['rows'])} rows ({profile['tool']}, "
+        f"{_num(profile['samples'])} samples, {_num(profile['start_up_samples'])} in start-up): "
+        f"{shares}; hottest leaves {hot}. Summary {where}."
     )
 
 
 def render(results: dict[str, Any]) -> str:
     """The Markdown a person reads: one table per benchmark, then the targets."""
     parts = []
+    if results.get("quick"):
+        parts.append(
+            "_Quick run: sizes too small for the figures to mean anything; it checks that "
+            "every benchmark runs and every drain is exactly-once._"
+        )
     if results.get("drain"):
         parts.append(
             "**Drain** (rows per second, start-up excluded; every run checked "
@@ -231,8 +238,11 @@ def render(results: dict[str, Any]) -> str:
                 ],
             )
         )
-    if results.get("profile"):
-        parts.append("**Profile of the drain**\n\n" + _profile(results["profile"]))
+    if results.get("profiles"):
+        parts.append(
+            "**Profiles of the drain** (share of the drain's CPU samples, start-up left out)\n\n"
+            + "\n".join(_profile(p) for p in results["profiles"])
+        )
     if results.get("targets"):
         parts.append(
             "**Targets**\n\n"

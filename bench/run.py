@@ -27,7 +27,8 @@ from bench.history import run_history
 from bench.latency import run_latency
 from bench.pgserver import bench_server
 from bench.profile_drain import run_profile
-from bench.providers import run_http, run_smtp
+from bench.providers import SMTP_POOL_SIZE, run_http, run_smtp
+from bench.standins import SmtpServer
 from bench.systems import FACTORIES, NODE_SYSTEMS, leasebox_worker_ready
 
 BENCHMARKS = ("drain", "backlog", "history", "enqueue", "providers", "latency", "profile")
@@ -55,6 +56,7 @@ class Sizes:
     latency_rate: float = 500.0
     latency_seconds: float = 15.0
     profile_rows: int = 100_000
+    profile_smtp_rows: int = 5_000
 
 
 QUICK = Sizes(
@@ -70,6 +72,7 @@ QUICK = Sizes(
     smtp_rows=1_000,
     latency_seconds=3.0,
     profile_rows=5_000,
+    profile_smtp_rows=500,
 )
 
 
@@ -215,8 +218,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 r.as_dict() for r in run_latency(server, sizes.latency_rate, sizes.latency_seconds)
             ]
         if "profile" in chosen:
-            print(f"  profile of a {sizes.profile_rows:,}-row drain ...", flush=True)
-            results["profile"] = run_profile(server, sizes.profile_rows).as_dict()
+            print(f"  profile of a {sizes.profile_rows:,}-row drain (null://) ...", flush=True)
+            profiles = [run_profile(server, sizes.profile_rows)]
+            print(f"  profile of a {sizes.profile_smtp_rows:,}-row drain (smtp://) ...", flush=True)
+            with SmtpServer() as smtp:
+                profiles.append(
+                    run_profile(
+                        server,
+                        sizes.profile_smtp_rows,
+                        name="smtp",
+                        provider=smtp.url(SMTP_POOL_SIZE),
+                    )
+                )
+            results["profiles"] = [p.as_dict() for p in profiles]
     results["duration_seconds"] = round(time.perf_counter() - began, 1)
     results["load_after"] = report.load_average()
     results["targets"] = [t.as_dict() for t in targets.all_targets(results)]
