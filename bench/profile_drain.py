@@ -2,8 +2,10 @@
 
 `leasebox worker --drain` (the drain benchmark's command, `null://` unless told otherwise)
 empties N ready rows under py-spy, which samples the process from outside (so the worker
-runs unmodified, at full speed) and drops the samples in which it waits for the database:
-what remains is CPU. The raw samples (collapsed stacks, one line per distinct stack) are
+runs unmodified) and, with `--gil`, samples only the thread that holds the GIL: waits for
+the database or the provider and idle executor threads are not counted, so the samples
+add up to the process's Python CPU time (they agree with the CPU the drain benchmark
+measures per message). The raw samples (collapsed stacks, one line per distinct stack) are
 saved as `bench/results/profile-<name>.txt`, and a summary (`profile-<name>.md`) says where
 the time goes: by package, by leasebox function (inclusive), and by leaf function (self).
 Without py-spy (or where the kernel forbids tracing) it falls back to cProfile, whose
@@ -44,6 +46,8 @@ def module_of(path: str) -> str:
     else:
         if "/lib/python" in cleaned:
             cleaned = cleaned.rsplit("/lib/python", 1)[1].split("/", 1)[-1]
+    if cleaned == "<string>":
+        return "generated"  # code made with exec: dataclass and namedtuple methods
     if cleaned.startswith("<"):
         return cleaned.strip("<>").removeprefix("frozen ")
     return cleaned.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
@@ -156,9 +160,11 @@ def markdown(profile: Profile) -> str:
     assert summary is not None
     head = (
         f"# Profile: `leasebox worker --drain` ({profile.name}), {profile.rows:,} rows\n\n"
-        f"{profile.tool}: {summary.samples:,} samples of CPU (waits for the database and the "
-        f"provider are not sampled), {summary.start_up:,} of them in start-up (imports), left "
-        "out of the shares below. Raw samples (collapsed stacks): "
+        f"{profile.tool}: {summary.samples:,} samples of the thread holding the GIL (Python's "
+        "CPU: waits for the database and the provider are not sampled), "
+        f"{summary.start_up:,} of them in start-up (imports), left out of the shares below. "
+        "`generated` is code made with exec (dataclass `__init__` and the like). "
+        "Raw samples (collapsed stacks): "
         f"`{Path(profile.raw_path).name}`."
     )
     parts = [
@@ -180,7 +186,7 @@ def _py_spy() -> str | None:
 
 
 def _profile_with_py_spy(tool: str, command: list[str], raw: Path) -> str:
-    run = [tool, "record", "--format", "raw", "--nolineno", "-r", str(SAMPLE_RATE)]
+    run = [tool, "record", "--format", "raw", "--nolineno", "--gil", "-r", str(SAMPLE_RATE)]
     done = subprocess.run(
         [*run, "-o", str(raw), "--", *command],
         capture_output=True,

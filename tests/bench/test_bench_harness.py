@@ -105,6 +105,7 @@ def test_profile_frames_name_their_module_and_package() -> None:
     assert module_of("leasebox/runtime/worker.py") == "leasebox.runtime.worker"
     assert module_of("/x/lib/python3.11/site-packages/psycopg/cursor.py") == "psycopg.cursor"
     assert module_of("/usr/lib/python3.11/asyncio/events.py") == "asyncio.events"
+    assert module_of("<string>") == "generated"
     assert area_of("leasebox.store.claiming") == "leasebox.store"
     assert area_of("prometheus_client.values") == "prometheus_client"
 
