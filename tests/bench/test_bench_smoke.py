@@ -13,7 +13,7 @@ import pytest
 from bench.accounting import account_ids, account_table, net_rate, percentile
 from bench.drain import DrainResult, keep_better, run_drain
 from bench.enqueue_rate import LEASEBOX_MANY, batch_api, run_enqueue
-from bench.history import run_history, seed_history
+from bench.history import prune_oldest_day, retention_error, run_history, seed_history
 from bench.pgserver import BenchServer
 from bench.providers import run_http, run_smtp
 from bench.systems import (
@@ -151,6 +151,24 @@ def test_history_is_seeded_evenly_over_its_days(db_dsn: str) -> None:
         ).fetchone()
 
     assert row == (1000, 100, 1000)
+
+
+def test_retention_drops_the_oldest_day_and_nothing_newer(db_dsn: str) -> None:
+    seed_history(db_dsn, 1000, days=10)
+
+    _, pruned, held, drift = prune_oldest_day(db_dsn, 1000, 10)
+
+    assert (pruned, held, drift) == (100, 100, 1)
+    with psycopg.connect(db_dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM leasebox.outbox").fetchone()
+    assert row == (900,)
+
+
+def test_a_retention_run_that_removed_too_few_or_too_many_rows_is_an_error() -> None:
+    assert retention_error(100, 100, 1) == ""
+    assert retention_error(101, 100, 1) == ""
+    assert "removed 99 rows" in retention_error(99, 100, 1)
+    assert "removed 102 rows" in retention_error(102, 100, 1)
 
 
 @pytest.mark.slow
