@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SECOND_PG_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench mutate clean
+.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench bench-quick bench-deps mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -65,9 +65,16 @@ crds: install ## regenerate crds/ and the chart's copies of the CRD and of the a
 	cp crds/outboxworkerpools.leasebox.dev.yaml charts/leasebox/files/crds/
 	cp operator/leasebox_operator/rules/leasebox-rules.yaml charts/leasebox/files/alerts/
 
-bench: install ## benchmarks side by side with the peers (bench/results/latest.json, figures in bench/README.md)
+BENCH_ARGS ?=
+
+bench-deps: install
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
-	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run
+
+bench: bench-deps ## every target of the performance issue beside its yardstick (bench/results/latest.json, figures in bench/README.md); BENCH_QUICK=1 for small sizes
+	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run $(BENCH_ARGS)
+
+bench-quick: bench-deps ## the same benchmarks at small sizes, a few minutes: checks the harness, not the figures
+	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run --quick $(BENCH_ARGS)
 
 mutate: install ## the mutation gate: every curated break of a guarantee must fail a test by assertion
 	$(BIN)/python -m tools.mutate

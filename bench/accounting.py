@@ -113,3 +113,10 @@ def percentile(values: list[float], fraction: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def per_message_micros(cpu_seconds: float, idle_cpu_seconds: float, rows: int) -> float | None:
+    """CPU microseconds per message once the empty-queue run's CPU is taken out."""
+    if rows <= 0:
+        return None
+    return max(cpu_seconds - idle_cpu_seconds, 0.0) / rows * 1_000_000

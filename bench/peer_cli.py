@@ -40,6 +40,12 @@ def parse(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
     parser.add_argument("--ids-file", type=Path, help="where to record the jobs run (work mode)")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=0, help="0: the peer's bench default")
+    parser.add_argument(
+        "--table",
+        choices=("leasebox", "minimal"),
+        default="leasebox",
+        help="the plain loop's table: leasebox's outbox or the minimal one",
+    )
     return parser.parse_args(argv)
 
 

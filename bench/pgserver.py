@@ -12,6 +12,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import conninfo, sql
@@ -29,13 +30,23 @@ def with_dbname(dsn: str, dbname: str) -> str:
 
 
 def as_url(dsn: str) -> str:
-    """A `postgresql://` URL for `dsn`, the form every peer (Node.js included) understands."""
+    """A `postgresql://` URL for `dsn`, the form every peer (Node.js included) understands.
+
+    A Unix-socket host (a directory) cannot stand in the URL's authority, where it would
+    swallow the database name; it goes in the `host` query parameter instead, which libpq,
+    asyncpg and node-postgres all read.
+    """
     params = conninfo.conninfo_to_dict(dsn)
-    user = params.get("user", "postgres")
-    password = f":{params['password']}" if params.get("password") else ""
-    host = params.get("host", "127.0.0.1")
-    port = params.get("port", 5432)
-    return f"postgresql://{user}{password}@{host}:{port}/{params.get('dbname', 'postgres')}"
+    user = quote(str(params.get("user", "postgres")), safe="")
+    password = f":{quote(str(params['password']), safe='')}" if params.get("password") else ""
+    host = str(params.get("host") or "127.0.0.1")
+    port = str(params.get("port") or 5432)
+    dbname = quote(str(params.get("dbname", "postgres")), safe="")
+    if host.startswith("/"):
+        query = urlencode({"host": host, "port": port}, safe="/")
+        return f"postgresql://{user}{password}@/{dbname}?{query}"
+    authority = f"[{host}]" if ":" in host else host
+    return f"postgresql://{user}{password}@{authority}:{port}/{dbname}"
 
 
 class BenchServer:

@@ -1,10 +1,12 @@
-"""The plain baseline: what one process can drain with two statements per 100 rows.
+"""The plain loops: what one process drains with two statements per 100 rows.
 
-It claims 100 ready rows of leasebox's outbox in one `UPDATE ... FOR UPDATE SKIP LOCKED`
-statement, "sends" them (a no-op), and marks them sent in one statement guarded by the
-lease token. No retries, no metrics, no lease extension, no templates: the practical limit
-of this workload on this machine, against which leasebox's own overhead is measured.
-Run as `python -m bench.plain_worker work --dsn URL`.
+Each claims 100 ready rows in one `UPDATE ... FOR UPDATE SKIP LOCKED` statement, "sends"
+them (a no-op), and marks them sent in one statement guarded by the lease token. No
+retries, no metrics, no lease extension, no templates. On the *minimal* table (a key, a
+state, a lease, the payload, one partial index) it is the limit of this workload on this
+machine; on *leasebox's own* outbox it is the same loop paying for leasebox's schema, so
+the gap between the two is what the schema costs and the gap to leasebox what its worker
+costs. Run as `python -m bench.plain_worker work --dsn URL [--table minimal]`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,22 @@ import psycopg
 from bench.peer_cli import parse
 from bench.sqlfiles import bench_query
 
+MINIMAL_SCHEMA = "bench_minimal"
+STATEMENTS = {
+    "leasebox": ("baseline_claim", "baseline_mark_sent"),
+    "minimal": ("minimal_claim", "minimal_mark_sent"),
+}
 
-def drain(dsn: str, batch_size: int) -> int:
-    """Drain every ready row; return how many this process sent."""
+
+def drain(dsn: str, batch_size: int, table: str = "leasebox") -> int:
+    """Drain every ready row of `table`; return how many this process sent."""
     sent = 0
-    claim = bench_query("baseline_claim")
-    mark = bench_query("baseline_mark_sent")
+    claim_name, mark_name = STATEMENTS[table]
+    if table == "minimal":
+        claim = bench_query(claim_name, MINIMAL_SCHEMA)
+        mark = bench_query(mark_name, MINIMAL_SCHEMA)
+    else:
+        claim, mark = bench_query(claim_name), bench_query(mark_name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             rows = conn.execute(claim, {"limit": batch_size}).fetchall()
@@ -35,9 +47,9 @@ def drain(dsn: str, batch_size: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(argv, "the plain-psycopg drain baseline")
+    args = parse(argv, "the plain drain loops")
     if args.mode == "work":
-        drain(args.dsn, args.batch_size)
+        drain(args.dsn, args.batch_size, args.table)
     return 0
 
 

@@ -66,10 +66,20 @@ def _num(value: object, digits: int = 0) -> str:
     return f"{number:,.{digits}f}"
 
 
-def drain_table(drain: Sequence[dict[str, Any]]) -> str:
-    cases = sorted({(int(r["rows"]), int(r["processes"])) for r in drain})
+def _cases(drain: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
+    return sorted({(int(r["rows"]), int(r["processes"])) for r in drain})
+
+
+def _label(rows: int, processes: int) -> str:
+    size = f"{rows / 1_000_000:g}M" if rows >= 1_000_000 else f"{rows / 1000:g}k"
+    return f"{size} x {processes}p"
+
+
+def drain_table(drain: Sequence[dict[str, Any]], figure: str = "rate_per_second") -> str:
+    """Systems by (rows, processes): the drain rate, or another figure of each run."""
+    cases = _cases(drain)
     systems = list(dict.fromkeys(str(r["system"]) for r in drain))
-    headers = ["system", *[f"{rows // 1000}k x {p}p" for rows, p in cases]]
+    headers = ["system", *[_label(rows, p) for rows, p in cases]]
     body = []
     for system in systems:
         cells: list[object] = [system]
@@ -87,26 +97,128 @@ def drain_table(drain: Sequence[dict[str, Any]]) -> str:
             elif not found["ok"]:
                 cells.append("FAILED" if found["error"] else "NOT EXACTLY ONCE")
             else:
-                cells.append(_num(found["rate_per_second"]))
+                cells.append(_num(found.get(figure), 1 if figure != "rate_per_second" else 0))
         body.append(cells)
     return _table(headers, body)
+
+
+def _history(history: dict[str, Any]) -> str:
+    rows = []
+    for case in history["cases"]:
+        drain = case.get("drain") or {}
+        rate = _num(drain["rate_per_second"]) if drain.get("ok") else "FAILED"
+        rows.append(
+            [
+                _num(case["history_rows"]),
+                f"{_num(case['claim_ms_median'], 2)} / {_num(case['claim_ms_p95'], 2)}",
+                f"{_num(case['backlog_ms_median'], 2)} / {_num(case['backlog_ms_p95'], 2)}",
+                rate,
+            ]
+        )
+    table = _table(
+        [
+            "sent rows retained",
+            "claim 100 ms (median / p95)",
+            "backlog ms (median / p95)",
+            f"drain {_num(history['ready_rows'])} rows/s",
+        ],
+        rows,
+    )
+    prune = history.get("prune_day_seconds")
+    notes = (
+        f"History seeded with generate_series in {history['seed_seconds']:.0f} s over "
+        f"{history['days']} days; retention dropped the oldest day "
+        f"({_num(history['pruned_rows'])} of {_num(history['day_rows'])} rows) in "
+        f"{'n/a' if prune is None else f'{prune:.3f}'} s."
+    )
+    if history.get("errors"):
+        notes += " Errors: " + "; ".join(history["errors"])
+    return table + "\n\n" + notes
+
+
+def _enqueue(enqueue: Sequence[dict[str, Any]]) -> str:
+    return _table(
+        ["method", "mode", "sends/s"],
+        [
+            [r["method"], r["mode"], r["error"] if r.get("error") else _num(r["rate_per_second"])]
+            for r in enqueue
+        ],
+    )
+
+
+def _providers(providers: dict[str, Any]) -> str:
+    rows: list[list[object]] = []
+    http = providers.get("http")
+    if http:
+        label = f"HTTP, {http['delay_ms']:g} ms answers, {http['concurrency']} in flight"
+        for method, run in (
+            ("bare aiohttp loop", http["bare"]),
+            ("leasebox worker", http["worker"]),
+        ):
+            rows.append(
+                [label, method, _rate_or_failure(run), _num(run.get("cpu_us_per_message"), 1)]
+            )
+    smtp = providers.get("smtp")
+    if smtp:
+        run = smtp["worker"]
+        rows.append(
+            [
+                f"SMTP (aiosmtpd), pool of {smtp['pool_size']}",
+                "leasebox worker",
+                _rate_or_failure(run),
+                _num(run.get("cpu_us_per_message"), 1),
+            ]
+        )
+    return _table(["provider", "client", "sends/s", "client CPU µs/message"], rows)
+
+
+def _rate_or_failure(run: dict[str, Any]) -> str:
+    if run.get("ok"):
+        return _num(run.get("rate_per_second"))
+    return f"FAILED: {run.get('error') or run.get('accounting')}"[:120]
+
+
+def _profile(profile: dict[str, Any]) -> str:
+    where = f"`{profile['summary']}`" if profile.get("summary") else "no file"
+    if not profile.get("by_package"):
+        return f"- {profile['name']}: {profile['tool']}, {profile.get('error') or ''} ({where})"
+    shares = ", ".join(f"{p['name']} {p['percent']:.0f}%" for p in profile["by_package"][:6])
+    hot = ", ".join(f"`{p['name']}` {p['percent']:.0f}%" for p in profile["self"][:4])
+    return (
+        f"- {profile['name']}, {_num(profile['rows'])} rows ({profile['tool']}, "
+        f"{_num(profile['samples'])} samples, {_num(profile['start_up_samples'])} in start-up): "
+        f"{shares}; hottest leaves {hot}. Summary {where}."
+    )
 
 
 def render(results: dict[str, Any]) -> str:
     """The Markdown a person reads: one table per benchmark, then the targets."""
     parts = []
+    if results.get("quick"):
+        parts.append(
+            "_Quick run: sizes too small for the figures to mean anything; it checks that "
+            "every benchmark runs and every drain is exactly-once._"
+        )
     if results.get("drain"):
         parts.append(
             "**Drain** (rows per second, start-up excluded; every run checked "
             "exactly-once)\n\n" + drain_table(results["drain"])
         )
+        parts.append(
+            "**Worker CPU per message** (µs of the worker processes' own CPU time, from "
+            "`wait4`, start-up excluded)\n\n" + drain_table(results["drain"], "cpu_us_per_message")
+        )
+    if results.get("history"):
+        parts.append("**History** (leasebox, 1 process)\n\n" + _history(results["history"]))
     if results.get("enqueue"):
         parts.append(
             "**Enqueue** (logical sends per second, one connection)\n\n"
-            + _table(
-                ["method", "mode", "sends/s"],
-                [[r["method"], r["mode"], _num(r["rate_per_second"])] for r in results["enqueue"]],
-            )
+            + _enqueue(results["enqueue"])
+        )
+    if results.get("providers"):
+        parts.append(
+            "**Providers** (one worker process, loopback stand-ins)\n\n"
+            + _providers(results["providers"])
         )
     if results.get("latency"):
         parts.append(
@@ -126,29 +238,25 @@ def render(results: dict[str, Any]) -> str:
                 ],
             )
         )
-    if results.get("scale"):
+    if results.get("profiles"):
         parts.append(
-            "**Scale of the table** (milliseconds, median / p95)\n\n"
-            + _table(
-                ["sent rows", "pending rows", "claim", "backlog query"],
-                [
-                    [
-                        _num(r["sent_rows"]),
-                        _num(r["pending_rows"]),
-                        f"{_num(r['claim_ms_median'], 2)} / {_num(r['claim_ms_p95'], 2)}",
-                        f"{_num(r['backlog_ms_median'], 2)} / {_num(r['backlog_ms_p95'], 2)}",
-                    ]
-                    for r in results["scale"]
-                ],
-            )
+            "**Profiles of the drain** (share of the drain's CPU samples, start-up left out)\n\n"
+            + "\n".join(_profile(p) for p in results["profiles"])
         )
     if results.get("targets"):
-        marks = {True: "met", False: "MISSED", None: "not evaluated"}
         parts.append(
             "**Targets**\n\n"
             + _table(
-                ["target", "measured", "result"],
-                [[t["goal"], t["measured"], marks[t["met"]]] for t in results["targets"]],
+                ["target", "measured", "ratio", "result"],
+                [
+                    [
+                        t["goal"],
+                        t["measured"],
+                        "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}",
+                        t["status"],
+                    ]
+                    for t in results["targets"]
+                ],
             )
         )
     return "\n\n".join(parts)

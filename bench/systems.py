@@ -3,8 +3,11 @@
 A system knows how to seed N jobs into a fresh database (not timed), which command starts
 one of its worker processes, and how to prove afterwards that every job ran exactly once:
 from its own table where it keeps finished jobs, and from the payload numbers its handlers
-recorded where it does not. leasebox and the plain baseline share leasebox's outbox table,
-where attempts are counted at claim, so `attempts = 1` on every sent row is the proof.
+recorded where it does not. leasebox and the plain loops count attempts at claim, so
+`attempts = 1` on every sent row is the proof.
+
+Two of the systems are yardsticks, not peers: the plain loop on a minimal outbox table (the
+workload's limit on this machine) and the same loop on leasebox's own schema.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from leasebox.producer.payload_crypto import default_cipher
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_CHUNK = 50_000
+LEASEBOX = "leasebox"
+PLAIN_MINIMAL = "plain loop, minimal table"
+PLAIN_LEASEBOX_SCHEMA = "plain loop, leasebox schema"
+YARDSTICKS = frozenset({PLAIN_MINIMAL, PLAIN_LEASEBOX_SCHEMA})
 
 
 def python_module(module: str) -> list[str]:
@@ -77,21 +84,62 @@ def _run_seed(command: list[str]) -> None:
         raise RuntimeError(f"seeding failed: {' | '.join(tail)}")
 
 
-def seed_outbox(dsn: str, rows: int) -> None:
-    """Ready OTP rows in leasebox's outbox, as `leasebox.enqueue` would write them."""
+def seed_outbox(dsn: str, rows: int, first: int = 0) -> None:
+    """Ready OTP rows in leasebox's outbox, as `leasebox.enqueue` would write them, numbered
+    from `first` (delivery keys are unique, so a second batch starts past the first)."""
     secrets = default_cipher().seal({"code": "246810"})
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for first in range(0, rows, SEED_CHUNK):
-            count = min(SEED_CHUNK, rows - first)
+        for start in range(first, first + rows, SEED_CHUNK):
+            count = min(SEED_CHUNK, first + rows - start)
             conn.execute(
-                bench_query("seed_ready"), {"first": first, "count": count, "secrets": secrets}
+                bench_query("seed_ready"), {"first": start, "count": count, "secrets": secrets}
             )
 
 
 def verify_outbox(dsn: str, rows: int, _: list[Path]) -> Accounting:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(bench_query("outbox_accounting")).fetchone()
-    assert row is not None
+    return _outbox_accounting(rows, row)
+
+
+def verify_outbox_from(first_id: int) -> Callable[[str, int, list[Path]], Accounting]:
+    """`verify_outbox` for the rows seeded from `first_id` on (others are history)."""
+
+    def verify(dsn: str, rows: int, _: list[Path]) -> Accounting:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(
+                bench_query("outbox_accounting_from"), {"first_id": first_id}
+            ).fetchone()
+        return _outbox_accounting(rows, row)
+
+    return verify
+
+
+def seed_minimal(dsn: str, rows: int) -> None:
+    """The minimal table (`rows == 0`) or `rows` ready jobs on it."""
+    from bench.plain_worker import MINIMAL_SCHEMA
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if rows == 0:
+            conn.execute(bench_query("minimal_schema", MINIMAL_SCHEMA))
+        for first in range(0, rows, SEED_CHUNK):
+            count = min(SEED_CHUNK, rows - first)
+            conn.execute(
+                bench_query("minimal_seed", MINIMAL_SCHEMA), {"first": first, "count": count}
+            )
+
+
+def verify_minimal(dsn: str, rows: int, _: list[Path]) -> Accounting:
+    from bench.plain_worker import MINIMAL_SCHEMA
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(bench_query("minimal_accounting", MINIMAL_SCHEMA)).fetchone()
+    return _outbox_accounting(rows, row)
+
+
+def _outbox_accounting(rows: int, row: tuple[Any, ...] | None) -> Accounting:
+    if row is None:
+        raise RuntimeError("the accounting query returned no row")
     total, sent, once, more, unfinished, dead = (int(v) for v in row)
     note = f"{sent} sent, {unfinished} unfinished, {dead} dead"
     return account_table(rows, total, once, more, note)
@@ -136,7 +184,14 @@ def _status_check(statement: str) -> Callable[[str, int, list[Path]], Accounting
 LEASEBOX_SHORT_JOB_FLAGS = ("--batch-size", "100")
 
 
-def leasebox_system(extra_args: list[str] | None = None) -> DrainSystem:
+def leasebox_system(
+    extra_args: list[str] | None = None,
+    *,
+    provider: str = "null://",
+    name: str = LEASEBOX,
+    verify: Callable[[str, int, list[Path]], Accounting] | None = None,
+) -> DrainSystem:
+    """`leasebox worker --drain` through `provider` (by default the null one)."""
     extra = list(LEASEBOX_SHORT_JOB_FLAGS if extra_args is None else extra_args)
 
     def command(dsn: str, _: Path) -> list[str]:
@@ -145,7 +200,7 @@ def leasebox_system(extra_args: list[str] | None = None) -> DrainSystem:
             "worker",
             "--drain",
             "--provider",
-            "null://",
+            provider,
             "--kinds",
             "otp",
             "--dsn",
@@ -156,37 +211,72 @@ def leasebox_system(extra_args: list[str] | None = None) -> DrainSystem:
         ]
 
     return DrainSystem(
-        name="leasebox",
+        name=name,
         label="leasebox",
         version=_version("leasebox"),
         settings={
-            "command": "leasebox worker --drain --provider null://",
+            "command": f"leasebox worker --drain --provider {provider.split('?')[0]}",
             "flags": " ".join(extra) or "defaults",
         },
         needs_leasebox_schema=True,
         seed=seed_outbox,
         worker_command=command,
+        verify=verify or verify_outbox,
+    )
+
+
+def _plain_command(table: str) -> Callable[[str, Path], list[str]]:
+    def command(dsn: str, _: Path) -> list[str]:
+        return [
+            *python_module("bench.plain_worker"),
+            "work",
+            "--dsn",
+            dsn,
+            "--batch-size",
+            "100",
+            "--table",
+            table,
+        ]
+
+    return command
+
+
+PLAIN_SETTINGS = {
+    "claim": "one UPDATE ... FOR UPDATE SKIP LOCKED of 100 rows",
+    "complete": "one UPDATE of the batch, guarded by the lease token",
+    "connection": "one sync psycopg connection, autocommit",
+}
+
+
+def plain_system() -> DrainSystem:
+    """The plain loop on leasebox's own outbox: what the schema allows."""
+    return DrainSystem(
+        name=PLAIN_LEASEBOX_SCHEMA,
+        label="plain",
+        version=f"psycopg {_version('psycopg')}",
+        settings={**PLAIN_SETTINGS, "table": "leasebox.outbox (leasebox's schema and indexes)"},
+        needs_leasebox_schema=True,
+        seed=seed_outbox,
+        worker_command=_plain_command("leasebox"),
         verify=verify_outbox,
     )
 
 
-def plain_system() -> DrainSystem:
-    def command(dsn: str, _: Path) -> list[str]:
-        return [*python_module("bench.plain_worker"), "work", "--dsn", dsn, "--batch-size", "100"]
-
+def plain_minimal_system() -> DrainSystem:
+    """The plain loop on a minimal outbox table: the workload's limit."""
     return DrainSystem(
-        name="plain-psycopg",
-        label="plain",
+        name=PLAIN_MINIMAL,
+        label="minimal",
         version=f"psycopg {_version('psycopg')}",
         settings={
-            "claim": "one UPDATE ... FOR UPDATE SKIP LOCKED of 100 rows",
-            "complete": "one UPDATE of the batch",
-            "connection": "sync, autocommit",
+            **PLAIN_SETTINGS,
+            "table": "id, status, attempts, lease_token, payload; primary key and one "
+            "partial index on ready rows",
         },
-        needs_leasebox_schema=True,
-        seed=seed_outbox,
-        worker_command=command,
-        verify=verify_outbox,
+        needs_leasebox_schema=False,
+        seed=seed_minimal,
+        worker_command=_plain_command("minimal"),
+        verify=verify_minimal,
     )
 
 
@@ -295,8 +385,8 @@ def pgboss_system() -> DrainSystem:
         {
             "batchSize": 1000,
             "pollingIntervalSeconds": 0.5,
-            "work() subscriptions": 2,
-            "pool max": 4,
+            "work() subscriptions": 16,
+            "pool max": 18,
             "supervise": False,
             "drain": "stops when nothing is queued or active",
         },
@@ -317,6 +407,7 @@ def graphile_system() -> DrainSystem:
 
 FACTORIES: dict[str, Callable[[], DrainSystem]] = {
     "leasebox": leasebox_system,
+    "minimal": plain_minimal_system,
     "plain": plain_system,
     "pgqueuer": pgqueuer_system,
     "procrastinate": procrastinate_system,

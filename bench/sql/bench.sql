@@ -10,23 +10,6 @@ SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
        %(secrets)s::bytea, 'otp:bench:' || g
 FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g;
 
--- name: seed_sent
--- Sent rows at a steady rate: the newest `offset` seconds ago, the oldest `span` seconds
--- before that.
-INSERT INTO {schema}.outbox
-    (kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
-     created_at, updated_at, sent_at, provider_message_id)
-SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
-       jsonb_build_object('i', g, 'name', 'User ' || g),
-       'otp:sent:' || g, 'sent', 1,
-       t.at - interval '1 second', t.at, t.at, 'null-' || g
-FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g
-CROSS JOIN LATERAL (
-    SELECT now() - make_interval(secs => %(offset)s::float8
-                                         + %(span)s::float8 * (g - %(first)s::bigint)
-                                           / greatest(%(count)s::bigint, 1)) AS at
-) AS t;
-
 -- name: plain_insert
 -- The enqueue benchmark's yardstick: the same row as `insert_outbox`, with nothing around it.
 INSERT INTO {schema}.outbox
@@ -115,3 +98,109 @@ FROM pgboss.job WHERE name = 'otp';
 -- name: graphile_left
 -- graphile-worker deletes a job once it succeeds.
 SELECT count(*) AS left_over FROM graphile_worker._private_jobs;
+
+-- name: minimal_schema
+-- The workload's limit: the least an outbox needs (a key, a state, a lease, the payload) and
+-- one partial index for the claim. `{schema}` is the benchmark's own schema, not leasebox's.
+CREATE SCHEMA {schema};
+CREATE TABLE {schema}.outbox (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status smallint NOT NULL DEFAULT 0,
+    attempts integer NOT NULL DEFAULT 0,
+    lease_token uuid,
+    payload jsonb NOT NULL
+);
+CREATE INDEX outbox_ready_idx ON {schema}.outbox (id) WHERE status = 0;
+
+-- name: minimal_seed
+-- Ready jobs on the minimal table, with the payload every peer carries.
+INSERT INTO {schema}.outbox (payload)
+SELECT jsonb_build_object('i', g, 'recipient', 'user' || g || '@example.com',
+                          'template', 'otp', 'data', jsonb_build_object('name', 'User ' || g))
+FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g;
+
+-- name: minimal_claim
+-- The plain loop's claim on the minimal table: 100 ready rows, leased in one statement.
+WITH candidates AS (
+    SELECT id FROM {schema}.outbox
+    WHERE status = 0
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox AS o
+SET status = 1, lease_token = gen_random_uuid(), attempts = o.attempts + 1
+FROM candidates
+WHERE o.id = candidates.id
+RETURNING o.id, o.lease_token, o.payload;
+
+-- name: minimal_mark_sent
+-- The plain loop's completion on the minimal table, guarded by the lease token.
+UPDATE {schema}.outbox AS o
+SET status = 2, lease_token = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 1;
+
+-- name: minimal_accounting
+-- Exactly-once evidence from the minimal table, in the columns of `outbox_accounting`.
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE status = 2) AS sent,
+       count(*) FILTER (WHERE status = 2 AND attempts = 1) AS sent_claimed_once,
+       count(*) FILTER (WHERE attempts > 1) AS claimed_more_than_once,
+       count(*) FILTER (WHERE status IN (0, 1)) AS unfinished,
+       0 AS dead
+FROM {schema}.outbox;
+
+-- name: outbox_accounting_from
+-- `outbox_accounting` over the rows with ids from `first_id` on (a batch seeded beside
+-- retained history).
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE status = 'sent') AS sent,
+       count(*) FILTER (WHERE status = 'sent' AND attempts = 1) AS sent_claimed_once,
+       count(*) FILTER (WHERE attempts > 1) AS claimed_more_than_once,
+       count(*) FILTER (WHERE status IN ('pending', 'processing')) AS unfinished,
+       count(*) FILTER (WHERE status = 'dead') AS dead
+FROM {schema}.outbox
+WHERE id >= %(first_id)s;
+
+-- name: next_outbox_id
+-- The id the next seeded row will get at the earliest.
+SELECT coalesce(max(id), 0) + 1 FROM {schema}.outbox;
+
+-- name: seed_history
+-- Sent history in one set-based statement: rows `first` .. `first + count - 1` of `total`,
+-- sent at a steady rate over the last `days` days (row 0 the oldest), each sent a second
+-- after it was created. This writes sent rows where the schema keeps them; a schema that
+-- moves history elsewhere changes this statement, not the benchmark.
+INSERT INTO {schema}.outbox
+    (kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
+     created_at, updated_at, sent_at, provider_message_id)
+SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
+       jsonb_build_object('i', g, 'name', 'User ' || g),
+       'otp:history:' || g, 'sent', 1,
+       t.at - interval '1 second', t.at, t.at, 'null-' || g
+FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g
+CROSS JOIN LATERAL (
+    SELECT now() - make_interval(days => %(days)s::int)
+           + make_interval(secs => %(days)s::float8 * 86400.0 * (g + 0.5)
+                                   / greatest(%(total)s::bigint, 1)) AS at
+) AS t;
+
+-- name: history_oldest_day
+-- How many sent rows are older than the retention (what one day's pruning must remove).
+SELECT count(*) FROM {schema}.outbox
+WHERE status = 'sent' AND sent_at < now() - make_interval(secs => %(retention_seconds)s);
+
+-- name: plain_insert_many
+-- The batch yardstick: the same rows as `plain_insert`, many in one multi-row statement.
+INSERT INTO {schema}.outbox
+    (kind, aggregate_id, recipient, template, data, delivery_key, max_attempts)
+SELECT r.kind, r.aggregate_id, r.recipient, r.template, r.data, r.delivery_key, r.max_attempts
+FROM unnest(%(kind)s::text[], %(aggregate_id)s::text[], %(recipient)s::text[],
+            %(template)s::text[], %(data)s::jsonb[], %(delivery_key)s::text[],
+            %(max_attempts)s::int[])
+     AS r(kind, aggregate_id, recipient, template, data, delivery_key, max_attempts);
+
+-- name: count_outbox
+-- Every row of the outbox (what an enqueue case wrote).
+SELECT count(*) FROM {schema}.outbox;

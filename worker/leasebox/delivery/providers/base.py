@@ -22,6 +22,7 @@ Whatever a provider returns or raises is untrusted text: the runtime sanitises a
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Callable, Iterable
@@ -31,7 +32,7 @@ from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from leasebox.errors import PERMANENT, MessageExpired, ProviderError
+from leasebox.errors import PERMANENT, MessageExpired, ProviderError, TransientProviderError
 
 MAX_ERROR_LENGTH = 240
 MESSAGE_ID_DOMAIN = "leasebox"
@@ -250,3 +251,15 @@ def idempotency(provider: Provider) -> str:
     if declared is None:
         return "unknown"
     return "true" if declared else "false"
+
+
+async def acquire_slot(slots: asyncio.Semaphore, within: float, target: str) -> None:
+    """One of a provider's connection slots within `within` seconds, else a transient `pool_timeout`
+    (nothing was sent): a saturated pool never holds a message past the provider timeout."""
+    try:
+        async with asyncio.timeout(within):
+            await slots.acquire()
+    except TimeoutError:
+        raise TransientProviderError(
+            "pool_timeout", f"no connection to {target} came free within {within:g}s"
+        ) from None

@@ -38,6 +38,7 @@ import aiohttp
 from leasebox.delivery.providers.base import (
     Email,
     SendResult,
+    acquire_slot,
     parse_retry_after,
 )
 from leasebox.delivery.providers.urls import ProviderUrl, parse_provider_url
@@ -163,7 +164,7 @@ class HttpProvider:
         if session is None:  # start() always opens one; this keeps the type checker honest
             raise TransientProviderError("closed", "the HTTP provider is closed")
         target = self.settings.target
-        await self._acquire_slot()
+        await acquire_slot(self._slots, self.settings.timeout, self.settings.target)
         try:
             email.raise_if_expired()
             async with session.post(
@@ -198,17 +199,6 @@ class HttpProvider:
             ) from None
         finally:
             self._slots.release()
-
-    async def _acquire_slot(self) -> None:
-        try:
-            async with asyncio.timeout(self.settings.timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise TransientProviderError(
-                "pool_timeout",
-                f"no connection to {self.settings.target} came free within "
-                f"{self.settings.timeout:g}s",
-            ) from None
 
     async def check(self) -> str | None:
         """None when the endpoint accepts connections, else why not (cached a while)."""

@@ -36,6 +36,7 @@ from aiosmtplib.typing import Default
 from leasebox.delivery.providers.base import (
     Email,
     SendResult,
+    acquire_slot,
     derived_message_id,
     one_line,
 )
@@ -169,7 +170,9 @@ class SmtpProvider:
                 "invalid_message",
                 "cannot build the message: the recipient or subject is not a valid header",
             ) from None
-        await self._acquire_slot()
+        await acquire_slot(
+            self._slots, self.settings.timeout, f"SMTP server {self.settings.target}"
+        )
         try:
             client = self._take_idle()
             if client is not None:
@@ -193,18 +196,6 @@ class SmtpProvider:
         finally:
             self._slots.release()
         return SendResult(provider_message_id=str(message["Message-ID"]))
-
-    async def _acquire_slot(self) -> None:
-        """A connection slot within the timeout, or a transient error: nothing was sent."""
-        try:
-            async with asyncio.timeout(self.settings.timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise TransientProviderError(
-                "pool_timeout",
-                f"no connection to SMTP server {self.settings.target} came free within "
-                f"{self.settings.timeout:g}s",
-            ) from None
 
     async def check(self) -> str | None:
         if self._closed:

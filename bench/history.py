@@ -1,0 +1,249 @@
+"""The history benchmark: does retained sent history slow the queue, and how fast does it go?
+
+Two databases on the same server: one with an empty history, one with N sent rows retained
+(10,000,000 by default), written by one set-based `generate_series` statement per million
+rows and spread evenly over the last ten days. In rounds that alternate between the two
+(so a burst of load hits both alike), each gets the same batch of ready rows, then:
+
+- the claim (leasebox's own `claim`, 100 rows, rolled back each time so that every
+  measurement sees the same table) and the backlog query (`fetch_backlog`) are timed;
+- a real `leasebox worker --drain` empties the batch, timed like the drain benchmark (the
+  empty-queue start-up measured on the *empty* database is taken out of both, so a start-up
+  that grows with history shows) and checked exactly-once.
+
+Last, retention drops the oldest day of the retained history through leasebox's own
+`prune`, timed, and the rows it removed are counted against what that day held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.accounting import percentile
+from bench.drain import DrainResult, Idle, keep_better, measure_idle, settle, timed_drain
+from bench.pgserver import BenchServer
+from bench.sqlfiles import bench_query
+from bench.systems import leasebox_system, seed_outbox, verify_outbox_from
+from leasebox.store.backlog import fetch_backlog
+from leasebox.store.claiming import claim
+from leasebox.store.pruning import prune
+
+HISTORY_DAYS = 10
+HISTORY_CHUNK = 1_000_000
+CLAIM_BATCH = 100
+DAY_SECONDS = 86_400.0
+
+
+@dataclass(frozen=True)
+class HistoryCase:
+    """The queue's figures beside `history_rows` retained sent rows."""
+
+    history_rows: int
+    claim_ms: list[float]
+    backlog_ms: list[float]
+    drain: DrainResult | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "history_rows": self.history_rows,
+            "claim_ms_median": round(percentile(self.claim_ms, 0.5), 3),
+            "claim_ms_p95": round(percentile(self.claim_ms, 0.95), 3),
+            "backlog_ms_median": round(percentile(self.backlog_ms, 0.5), 3),
+            "backlog_ms_p95": round(percentile(self.backlog_ms, 0.95), 3),
+            "drain": self.drain.as_dict() if self.drain else None,
+        }
+
+
+@dataclass(frozen=True)
+class HistoryResult:
+    days: int
+    ready_rows: int
+    seed_seconds: float
+    cases: list[HistoryCase]
+    prune_seconds: float | None = None
+    pruned_rows: int = 0
+    day_rows: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "days": self.days,
+            "ready_rows": self.ready_rows,
+            "seed_seconds": round(self.seed_seconds, 1),
+            "cases": [c.as_dict() for c in self.cases],
+            "prune_day_seconds": None
+            if self.prune_seconds is None
+            else round(self.prune_seconds, 3),
+            "pruned_rows": self.pruned_rows,
+            "day_rows": self.day_rows,
+            "errors": self.errors,
+        }
+
+
+def seed_history(dsn: str, rows: int, days: int = HISTORY_DAYS) -> float:
+    """`rows` sent rows over the last `days` days, then VACUUM ANALYZE; seconds it took."""
+    start = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for first in range(0, rows, HISTORY_CHUNK):
+            count = min(HISTORY_CHUNK, rows - first)
+            conn.execute(
+                bench_query("seed_history"),
+                {"first": first, "count": count, "total": rows, "days": days},
+            )
+    settle(dsn)
+    return time.perf_counter() - start
+
+
+def time_queries(dsn: str, repeats: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of each claim (rolled back) and each backlog query."""
+
+    async def claims() -> list[float]:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+
+            async def claim_once() -> None:
+                rows = await claim(
+                    conn, kinds=["otp"], limit=CLAIM_BATCH, lease_seconds=45.0, worker_id="bench"
+                )
+                if len(rows) != CLAIM_BATCH:
+                    raise RuntimeError(f"claim found {len(rows)} rows, not {CLAIM_BATCH}")
+                await conn.rollback()
+
+            return await _async_timings(claim_once, repeats)
+
+    claimed = asyncio.run(claims())
+    with psycopg.connect(dsn) as conn:
+
+        def backlog_once() -> None:
+            fetch_backlog(conn, ["otp"])
+            conn.rollback()
+
+        backlogs = _sync_timings(backlog_once, repeats)
+    return claimed, backlogs
+
+
+async def _async_timings(
+    action: Callable[[], Coroutine[Any, Any, None]], repeats: int
+) -> list[float]:
+    for _ in range(3):
+        await action()
+    found = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await action()
+        found.append((time.perf_counter() - start) * 1000)
+    return found
+
+
+def _sync_timings(action: Callable[[], None], repeats: int) -> list[float]:
+    for _ in range(3):
+        action()
+    found = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        found.append((time.perf_counter() - start) * 1000)
+    return found
+
+
+def _next_id(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(bench_query("next_outbox_id")).fetchone()
+    return int(row[0]) if row else 1
+
+
+def prune_oldest_day(dsn: str, rows: int, days: int) -> tuple[float, int, int, int]:
+    """Retention dropping the oldest of `days` days of `rows` sent rows: (seconds, rows
+    removed, rows the day held when counted just before, rows that crossed the boundary
+    while it ran at most). The boundary is `now() - retention` and moves with the clock,
+    by `rows / (days * 86400)` rows a second, so that many more may go."""
+    retention = (days - 1) * DAY_SECONDS
+    counted = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            bench_query("history_oldest_day"), {"retention_seconds": retention}
+        ).fetchone()
+        held = int(row[0]) if row else 0
+    with psycopg.connect(dsn) as conn:
+        start = time.perf_counter()
+        result = prune(conn, retention_seconds=retention)
+        seconds = time.perf_counter() - start
+    drift = math.ceil(rows / (days * DAY_SECONDS) * (time.perf_counter() - counted + 1.0))
+    return seconds, result.sent, held, drift
+
+
+def retention_error(pruned: int, held: int, drift: int) -> str:
+    """Why a retention run removed the wrong rows, or "" when it removed the day."""
+    if held <= pruned <= held + drift:
+        return ""
+    return (
+        f"retention removed {pruned:,} rows; the oldest day held {held:,} (and up to "
+        f"{drift:,} more could cross the boundary while it ran)"
+    )
+
+
+def run_history(
+    server: BenchServer,
+    history_rows: int,
+    ready_rows: int,
+    repeats: int,
+    *,
+    rounds: int = 2,
+    days: int = HISTORY_DAYS,
+    progress: Callable[[str], None] = print,
+) -> HistoryResult:
+    system = leasebox_system()
+    errors: list[str] = []
+    with (
+        server.database("history_empty", leasebox_schema=True) as empty,
+        server.database("history_kept", leasebox_schema=True) as kept,
+        tempfile.TemporaryDirectory(prefix="leasebox-bench-") as tmp,
+    ):
+        workdir = Path(tmp)
+        progress(f"  history: seeding {history_rows:,} sent rows ...")
+        seed_seconds = seed_history(kept, history_rows, days)
+        progress(f"  history: seeded in {seed_seconds:.0f} s")
+        idle = measure_idle(system, empty, 1, workdir)
+        if isinstance(idle, str):
+            errors.append(idle)
+            idle = Idle(0.0, 0.0)
+        found: dict[str, tuple[list[float], list[float], DrainResult | None]] = {
+            empty: ([], [], None),
+            kept: ([], [], None),
+        }
+        for round_number in range(rounds):
+            for dsn in (empty, kept):
+                claims, backlogs, best = found[dsn]
+                first_id = _next_id(dsn)
+                seed_outbox(dsn, ready_rows, first=round_number * ready_rows)
+                settle(dsn)
+                more_claims, more_backlogs = time_queries(dsn, max(repeats // rounds, 1))
+                claims += more_claims
+                backlogs += more_backlogs
+                drained = timed_drain(
+                    system,
+                    dsn,
+                    ready_rows,
+                    1,
+                    workdir,
+                    idle,
+                    verify=verify_outbox_from(first_id),
+                )
+                if not drained.ok:
+                    errors.append(f"drain: {drained.error or drained.accounting}")
+                found[dsn] = (claims, backlogs, keep_better(best, drained))
+        progress("  history: retention drops the oldest day ...")
+        prune_seconds, pruned, held, drift = prune_oldest_day(kept, history_rows, days)
+        wrong = retention_error(pruned, held, drift)
+        if wrong:
+            errors.append(wrong)
+    cases = [HistoryCase(size, *found[dsn]) for size, dsn in ((0, empty), (history_rows, kept))]
+    return HistoryResult(days, ready_rows, seed_seconds, cases, prune_seconds, pruned, held, errors)

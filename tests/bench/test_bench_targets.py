@@ -1,0 +1,241 @@
+"""The benchmark's verdicts are pure functions of one run's figures: each target must compare
+leasebox with the yardstick the issue names, call a missing figure not evaluated (never
+met), a missing product feature missing, and judge on the ratio it prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.systems import LEASEBOX, PLAIN_LEASEBOX_SCHEMA, PLAIN_MINIMAL
+from bench.targets import (
+    MET,
+    MISSED,
+    MISSING,
+    NOT_EVALUATED,
+    REPORTED,
+    Target,
+    all_targets,
+    cpu_target,
+    drain_targets,
+    enqueue_targets,
+    history_targets,
+    latency_targets,
+    provider_targets,
+)
+
+
+def _drain(
+    system: str,
+    rows: int,
+    processes: int,
+    rate: float,
+    *,
+    ok: bool = True,
+    cpu: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "system": system,
+        "rows": rows,
+        "processes": processes,
+        "rate_per_second": rate,
+        "ok": ok,
+        "cpu_us_per_message": cpu,
+    }
+
+
+def _by_name(found: list[Target]) -> dict[str, Target]:
+    return {t.name: t for t in found}
+
+
+def test_leasebox_must_be_strictly_ahead_of_the_best_peer_yardsticks_aside() -> None:
+    drain = [
+        _drain(LEASEBOX, 100, 1, 900.0),
+        _drain("PgQueuer", 100, 1, 800.0),
+        _drain("pg-boss", 100, 1, 950.0),
+        _drain(PLAIN_MINIMAL, 100, 1, 5000.0),
+        _drain(PLAIN_LEASEBOX_SCHEMA, 100, 1, 3000.0),
+    ]
+
+    ahead = _by_name(drain_targets(drain, [100]))["drain-0.1k-1p-ahead"]
+
+    assert (ahead.status, round(ahead.ratio or 0, 3)) == (MISSED, round(900 / 950, 3))
+    assert "pg-boss" in ahead.measured
+
+
+def test_a_tie_with_the_best_peer_is_not_ahead() -> None:
+    drain = [_drain(LEASEBOX, 100, 1, 900.0), _drain("pg-boss", 100, 1, 900.0)]
+
+    assert _by_name(drain_targets(drain, [100]))["drain-0.1k-1p-ahead"].met is False
+
+
+def test_a_failed_peer_is_named_and_not_counted_as_beaten() -> None:
+    drain = [
+        _drain(LEASEBOX, 100, 2, 900.0),
+        _drain("PgQueuer", 100, 2, 10.0, ok=False),
+        _drain("pg-boss", 100, 2, 500.0),
+    ]
+
+    ahead = _by_name(drain_targets(drain, [100]))["drain-0.1k-2p-ahead"]
+
+    assert ahead.met is True
+    assert "PgQueuer failed" in ahead.measured
+
+
+def test_the_drain_is_judged_against_the_minimal_table_and_reported_against_its_schema() -> None:
+    drain = [
+        _drain(LEASEBOX, 100, 1, 590.0),
+        _drain(PLAIN_MINIMAL, 100, 1, 1000.0),
+        _drain(PLAIN_LEASEBOX_SCHEMA, 100, 1, 700.0),
+    ]
+
+    found = _by_name(drain_targets(drain, [100]))
+
+    assert found["drain-0.1k-1p-vs-limit"].status == MISSED
+    assert found["drain-0.1k-1p-vs-limit"].ratio == 0.59
+    assert found["drain-0.1k-1p-vs-schema"].status == REPORTED
+    assert "0.70x the limit" in found["drain-0.1k-1p-vs-schema"].measured
+
+
+def test_the_backlog_drain_must_keep_ninety_percent_of_the_small_rate() -> None:
+    steady = [_drain(LEASEBOX, 100, 1, 1000.0), _drain(LEASEBOX, 10_000, 1, 905.0)]
+    slower = [_drain(LEASEBOX, 100, 1, 1000.0), _drain(LEASEBOX, 10_000, 1, 895.0)]
+
+    assert _by_name(drain_targets(steady, [100], 10_000))["drain-10k-backlog"].met is True
+    assert _by_name(drain_targets(slower, [100], 10_000))["drain-10k-backlog"].met is False
+
+
+def test_a_failed_leasebox_drain_leaves_its_targets_not_evaluated() -> None:
+    drain = [_drain(LEASEBOX, 100, 1, 900.0, ok=False), _drain("PgQueuer", 100, 1, 10.0)]
+
+    found = _by_name(drain_targets(drain, [100]))
+
+    assert found["drain-0.1k-1p-ahead"].status == NOT_EVALUATED
+    assert found["drain-0.1k-1p-vs-limit"].met is None
+
+
+def test_cpu_per_message_is_read_from_the_largest_one_process_drain() -> None:
+    drain = [
+        _drain(LEASEBOX, 100, 1, 900.0, cpu=40.0),
+        _drain(LEASEBOX, 1000, 1, 900.0, cpu=14.0),
+        _drain(LEASEBOX, 5000, 2, 900.0, cpu=99.0),
+    ]
+
+    (target,) = cpu_target(drain)
+
+    assert (target.status, target.ratio) == (MET, 14.0 / 15.0)
+    assert "1,000 rows" in target.goal
+
+
+def test_cpu_above_fifteen_microseconds_is_missed() -> None:
+    (target,) = cpu_target([_drain(LEASEBOX, 100, 1, 900.0, cpu=15.5)])
+
+    assert target.status == MISSED
+
+
+def _history(
+    claim: tuple[float, float], drain: tuple[float, float], prune: float, errors: list[str]
+) -> dict[str, Any]:
+    def case(rows: int, claim_ms: float, rate: float) -> dict[str, Any]:
+        return {
+            "history_rows": rows,
+            "claim_ms_median": claim_ms,
+            "backlog_ms_median": 2.0,
+            "drain": {"ok": True, "rate_per_second": rate},
+        }
+
+    return {
+        "cases": [case(0, claim[0], drain[0]), case(10_000_000, claim[1], drain[1])],
+        "prune_day_seconds": prune,
+        "pruned_rows": 1_000_000,
+        "day_rows": 1_000_000,
+        "errors": errors,
+    }
+
+
+def test_history_targets_bound_claim_drain_and_retention() -> None:
+    found = _by_name(history_targets(_history((1.0, 1.2), (1000.0, 950.0), 0.2, [])))
+
+    assert found["history-claim"].status == MISSED
+    assert found["history-backlog"].status == MET
+    assert found["history-drain"].status == MET
+    assert found["history-retention"].status == MET
+
+
+def test_retention_that_took_a_second_or_lost_count_is_not_met() -> None:
+    slow = _by_name(history_targets(_history((1.0, 1.0), (1.0, 1.0), 1.0, [])))
+    wrong = _by_name(history_targets(_history((1.0, 1.0), (1.0, 1.0), 0.1, ["removed 3"])))
+
+    assert slow["history-retention"].status == MISSED
+    assert wrong["history-retention"].status == NOT_EVALUATED
+
+
+def _enqueue(method: str, mode: str, rate: float | None, error: str = "") -> dict[str, Any]:
+    return {"method": method, "mode": mode, "rate_per_second": rate, "error": error}
+
+
+def test_enqueue_is_judged_per_mode_and_a_missing_batch_api_is_missing_not_met() -> None:
+    from bench.enqueue_rate import LEASEBOX as LB
+    from bench.enqueue_rate import LEASEBOX_MANY, LOOP, MANY, ONE, PLAIN, PLAIN_MANY
+
+    enqueue = [
+        _enqueue(PLAIN, ONE, 1000.0),
+        _enqueue(LB, ONE, 810.0),
+        _enqueue(PLAIN, LOOP, 2000.0),
+        _enqueue(LB, LOOP, 1000.0),
+        _enqueue(PLAIN_MANY, MANY, 30000.0),
+        _enqueue(LEASEBOX_MANY, MANY, None, "missing: leasebox has no enqueue_many"),
+    ]
+
+    found = _by_name(enqueue_targets(enqueue))
+
+    assert found["enqueue-single"].status == MET
+    assert found["enqueue-batch"].status == MISSING
+    assert found["enqueue-loop"].status == REPORTED
+
+
+def test_a_batch_api_below_seventy_percent_of_a_multi_row_insert_is_missed() -> None:
+    from bench.enqueue_rate import LEASEBOX_MANY, MANY, PLAIN_MANY
+
+    enqueue = [_enqueue(PLAIN_MANY, MANY, 10000.0), _enqueue(LEASEBOX_MANY, MANY, 6900.0)]
+
+    assert _by_name(enqueue_targets(enqueue))["enqueue-batch"].status == MISSED
+
+
+def test_provider_targets_compare_with_the_bare_loop_and_bound_smtp_cpu() -> None:
+    providers = {
+        "http": {
+            "delay_ms": 50.0,
+            "concurrency": 64,
+            "bare": {"ok": True, "rate_per_second": 1000.0},
+            "worker": {"ok": True, "rate_per_second": 790.0, "cpu_us_per_message": 300.0},
+        },
+        "smtp": {
+            "pool_size": 8,
+            "worker": {"ok": True, "rate_per_second": 900.0, "cpu_us_per_message": 199.0},
+        },
+    }
+
+    found = _by_name(provider_targets(providers))
+
+    assert found["provider-http"].status == MISSED
+    assert found["provider-smtp-cpu"].status == MET
+
+
+def test_latency_needs_p99_under_ten_milliseconds_and_the_rate_held() -> None:
+    def row(p99: float, achieved: float) -> dict[str, Any]:
+        return {
+            "listen_notify": True,
+            "target_rate": 500.0,
+            "achieved_rate": achieved,
+            "p99_ms": p99,
+            "p50_ms": 1.0,
+            "error": "",
+        }
+
+    assert [t.status for t in latency_targets([row(9.9, 500.0)])] == [MET]
+    assert [t.status for t in latency_targets([row(10.0, 500.0)])] == [MISSED]
+    assert [t.status for t in latency_targets([row(1.0, 400.0)])] == [NOT_EVALUATED]
+
+
+def test_all_targets_of_an_empty_run_are_none_rather_than_invented() -> None:
+    assert all_targets({}) == []
