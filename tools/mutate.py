@@ -36,6 +36,9 @@ COPY_IGNORE = shutil.ignore_patterns(
 DEFAULT_DEADLINE = 600.0
 # A failure raised as one of these waited for something: not an assertion.
 _TIMEOUT_ERRORS = ("TimeoutError", "asyncio.exceptions.TimeoutError", "CancelledError")
+# What the suite's condition waits say when they give up (`support.waiting.wait_for`, the
+# rigs' `wait_until`): a kill by one of them is a timeout too.
+_TIMEOUT_PHRASES = ("timed out", "not in time", "in time:", "not met within")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class Verdict:
     killed: bool
     killer: str
     seconds: float
+    reason: str = ""
+    """The first line of the killing failure (the assertion that noticed)."""
 
 
 def load(path: Path = CATALOGUE) -> list[Mutation]:
@@ -126,8 +131,8 @@ def run_one(mutation: Mutation, scratch: Path, python: Path) -> Verdict:
     seconds = time.monotonic() - started
     for name, message in failures:
         raised = message.split(":", 1)[0].strip()
-        if raised not in _TIMEOUT_ERRORS and "timed out" not in message:
-            return Verdict(mutation, True, name, seconds)
+        if raised not in _TIMEOUT_ERRORS and not any(p in message for p in _TIMEOUT_PHRASES):
+            return Verdict(mutation, True, name, seconds, message)
     killer = f"only by a timeout: {failures[0][0]}" if failures else "no test failed"
     return Verdict(mutation, False, killer, seconds)
 
@@ -160,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             verdicts.append(verdict)
             state = "killed  " if verdict.killed else "SURVIVED"
             print(f"{state} {m.id:32} {verdict.seconds:6.1f}s  {verdict.killer}", flush=True)
+            if verdict.reason:
+                print(f"         {'':32}          {verdict.reason[:110]}", flush=True)
     survived = [v for v in verdicts if not v.killed]
     total = sum(v.seconds for v in verdicts)
     print(f"\n{len(verdicts) - len(survived)} of {len(verdicts)} killed in {total:.0f}s")
@@ -167,7 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(
             json.dumps(
                 [
-                    {"id": v.mutation.id, "killed": v.killed, "by": v.killer, "seconds": v.seconds}
+                    {
+                        "id": v.mutation.id,
+                        "guarantee": v.mutation.guarantee,
+                        "killed": v.killed,
+                        "by": v.killer,
+                        "reason": v.reason,
+                        "seconds": v.seconds,
+                    }
                     for v in verdicts
                 ],
                 indent=2,

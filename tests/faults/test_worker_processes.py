@@ -121,6 +121,8 @@ def test_a_worker_killed_mid_batch_causes_duplicates_only_of_what_it_held(
     with http.hostile_http(script) as server:
         first, _ = workers.start(server.url(), "--concurrency", "4", "--lease-seconds", "3")
         wait_until(lambda: server.taken_count() >= 6, workers.printed)
+        # Frozen first, so that it claims nothing between the count and the kill.
+        first.send_signal(signal.SIGSTOP)
         held = {
             k
             for k, r in rows(db_conn).items()

@@ -4,13 +4,13 @@ One pool goes through its life: applied (children and status appear), a backlog 
 (replicas go up), the backlog drains (replicas come down after the stabilisation window),
 the database goes away (replicas kept, condition false) and comes back, the pool is
 paused (nothing changes), its spec turns invalid (a condition), and it is deleted (its
-children go). Poll interval and stabilisation window are short, so nothing sleeps long.
+children go). Poll interval and stabilisation window are short; "nothing changed" is
+checked after the operator's poll counters show that it looked, never after a sleep.
 """
 
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +108,18 @@ def _metrics(port: int) -> str:
         return str(response.read().decode())
 
 
+POLLS = "leasebox_operator_poll_duration_seconds_count"
+FAILED_POLLS = f'leasebox_operator_poll_errors_total{{namespace="default",pool="{NAME}"}}'
+
+
+def _sample(port: int, sample: str) -> float:
+    """The value of one sample of the operator's metrics (0 while it is absent)."""
+    for line in _metrics(port).splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def _show(title: str, payload: Any) -> None:
     print(
         f"\n=== {title} ===\n"
@@ -137,10 +149,17 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
     wait_for(lambda: cluster.condition_is("Ready", "True", "Available"), what="Ready=True")
     wait_for(lambda: cluster.condition_is("DatabaseReachable", "True"), what="database reachable")
 
-    # A backlog arrives: replicas go up within two polls; the status shows the backlog.
+    # A backlog arrives: replicas go up within two polls (counted, not timed): the one under
+    # way when the rows arrived, and the next, which sees them. One more may have finished
+    # between the two reads below. The status shows the backlog.
+    polls = _sample(metrics_port, POLLS)
     database.insert_backlog(600)
-    wait_for(lambda: (cluster.replicas() or 0) > 1, what="a scale-up",
-             timeout=2 * POLL_SECONDS + 1.5)  # fmt: skip
+    polls_at_scale_up = wait_for(
+        lambda: _sample(metrics_port, POLLS) if (cluster.replicas() or 0) > 1 else None,
+        what="a scale-up",
+        timeout=60,
+    )
+    assert polls_at_scale_up - polls <= 3
     wait_for(lambda: cluster.status().get("backlog", {}).get("pending") == 600,
              what="the backlog in the status")  # fmt: skip
     scaled_up = wait_for(
@@ -157,7 +176,7 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
     # Drained: replicas come down to minReplicas once the stabilisation window has passed.
     database.drain()
     wait_for(lambda: cluster.replicas() == 1, what="the scale-down to minReplicas",
-             timeout=STABILISATION_SECONDS + 8)  # fmt: skip
+             timeout=60)  # fmt: skip
     wait_for(lambda: "ScaledDown" in cluster.event_reasons(), what="the ScaledDown Event")
     wait_for(lambda: cluster.status().get("lastScaleReason", "").startswith("scale down"),
              what="the scale-down reason in the status")  # fmt: skip
@@ -170,7 +189,9 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
     database.allow_connections(False)
     wait_for(lambda: cluster.condition_is("DatabaseReachable", "False", "ConnectionFailed"),
              what="DatabaseReachable=False")  # fmt: skip
-    time.sleep(4 * POLL_SECONDS)  # several failed polls: nothing may move
+    failed = _sample(metrics_port, FAILED_POLLS)
+    wait_for(lambda: _sample(metrics_port, FAILED_POLLS) >= failed + 3,
+             what="three more failed polls", timeout=60)  # fmt: skip
     assert cluster.replicas() == before
     wait_for(lambda: "DatabaseUnreachable" in cluster.event_reasons(), what="the outage Event")
     assert database.dsn not in json.dumps(cluster.status())
@@ -184,7 +205,9 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
     database.insert_backlog(2000)
     wait_for(lambda: cluster.status().get("backlog", {}).get("pending") == 2050,
              what="the paused pool's backlog")  # fmt: skip
-    time.sleep(4 * POLL_SECONDS)
+    seen = _sample(metrics_port, POLLS)  # polls that saw the paused pool's whole backlog
+    wait_for(lambda: _sample(metrics_port, POLLS) >= seen + 3, what="three more polls",
+             timeout=60)  # fmt: skip
     assert cluster.replicas() == frozen
     _show("status of pool default/e2e (paused, backlog waiting)", cluster.status())
 

@@ -5,7 +5,8 @@ aiosmtpd's `Controller` runs the server in its own thread and event loop. It can
 are scripted by the recipient's local part, so one server serves every failure case:
 `reject550@...` and `reject553@...` are refused at RCPT, `defer451@...` deferred there,
 `shutdown421@...` and `spam554@...` get that reply to DATA, `slow@...` waits before answering
-DATA, and a sender `bounce553@...` is refused at MAIL.
+DATA, and a sender `bounce553@...` is refused at MAIL. A refused login is answered the way a
+careless server does it: the 535 quotes the user and password back.
 """
 
 from __future__ import annotations
@@ -103,8 +104,14 @@ def authenticator(
         and auth_data.login == SMTP_USER.encode()
         and auth_data.password == SMTP_PASSWORD.encode()
     )
-    # handled=False makes the server answer 535 itself; True would leave the client waiting.
-    return AuthResult(success=ok, handled=False)
+    if ok or not isinstance(auth_data, LoginPassword):
+        # handled=False makes the server answer itself; True would leave the client waiting.
+        return AuthResult(success=ok, handled=False)
+    # A careless server: its refusal quotes the credentials back, which the provider masks.
+    quoted = f"{auth_data.login.decode()}:{auth_data.password.decode()}"
+    return AuthResult(
+        success=False, handled=False, message=f"535 5.7.8 Authentication failed for {quoted}"
+    )
 
 
 @dataclass

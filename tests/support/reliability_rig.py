@@ -2,14 +2,18 @@
 
 The SMTP server (aiosmtpd, on its own thread and loop) counts every accepted message by
 its Message-ID and delivery key, and can be told to fail a share of sends transiently,
-refuse addresses permanently, slow down, or hold one send until released. Workers are real
-`leasebox worker` processes with short leases and polls; each has its own metrics port and
-its logs in files (a pipe could fill and stall it). Every process is killed at teardown.
+refuse addresses permanently, slow down, hold each send to one address until the test lets
+that very send go, or hold every send at a gate (closed by the test, or by itself after so
+many deliveries). Tests synchronise on what the server saw (sends held, sends in `DATA`,
+copies taken), never on a delay. Workers are real `leasebox worker` processes with short
+leases and polls; each has its own metrics port and its logs in files (a pipe could fill and
+stall it). Every process is killed at teardown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -32,7 +36,7 @@ from aiosmtpd.controller import Controller
 from psycopg import sql
 
 from leasebox.producer.payload_crypto import PayloadCipher
-from leasebox.testing.embedded import free_port
+from leasebox.testing.embedded import EmbeddedPostgres, free_port
 
 # Short polls and backoff keep the suite fast. Leases are long unless a test needs rows
 # reclaimed soon: a short lease on a busy machine expires under a worker that is merely slow,
@@ -74,9 +78,14 @@ class SmtpSink:
         self.transient_ratio = 0.0
         self.rejected: set[str] = set()
         self.delay = 0.0
-        self.hold_once: str | None = None
-        self.release = threading.Event()
-        self.holding = threading.Event()
+        self.hold: str | None = None
+        """Every send to this address waits for its own event in `held`, in arrival order."""
+        self.held: list[threading.Event] = []
+        self.gate = threading.Event()
+        """Cleared, every send waits before it is taken until it is set again."""
+        self.gate.set()
+        self.close_gate_at: int | None = None
+        """Once this many copies are taken the gate closes by itself (then this is None)."""
         self.copies: dict[str, list[str]] = defaultdict(list)  # delivery key -> Message-IDs
         self.transient_failures = 0
         self.recipient_attempts: Counter[str] = Counter()
@@ -98,12 +107,16 @@ class SmtpSink:
         try:
             if self.delay:
                 await asyncio.sleep(self.delay)
-            if self.hold_once is not None and self.hold_once in envelope.rcpt_tos:
-                self.hold_once = None
-                self.holding.set()
-                # A threading event: the test thread releases it, this loop must keep serving.
-                while not self.release.is_set():  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+            if self.hold is not None and self.hold in envelope.rcpt_tos:
+                release = threading.Event()
+                with self._lock:
+                    self.held.append(release)
+                await _until(release)
+            with self._lock:
+                if self.close_gate_at is not None and self._taken() >= self.close_gate_at:
+                    self.close_gate_at = None
+                    self.gate.clear()
+            await _until(self.gate)
             with self._lock:
                 if self.transient_ratio and self._rng.random() < self.transient_ratio:
                     self.transient_failures += 1
@@ -116,14 +129,35 @@ class SmtpSink:
             with self._lock:
                 self.in_data -= 1
 
+    def _taken(self) -> int:
+        return sum(len(ids) for ids in self.copies.values())
+
     @property
     def delivered(self) -> int:
         with self._lock:
-            return sum(len(ids) for ids in self.copies.values())
+            return self._taken()
+
+    @property
+    def holding(self) -> int:
+        """Sends to the `hold` address that arrived (released or not)."""
+        with self._lock:
+            return len(self.held)
+
+    def release_all(self) -> None:
+        with self._lock:
+            for release in self.held:
+                release.set()
+        self.gate.set()
 
     def duplicates(self) -> dict[str, list[str]]:
         with self._lock:
             return {key: list(ids) for key, ids in self.copies.items() if len(ids) > 1}
+
+
+async def _until(event: threading.Event) -> None:
+    """Wait for an event the test's thread sets; this loop keeps serving meanwhile."""
+    while not event.is_set():  # noqa: ASYNC110 - a threading event, set from another thread
+        await asyncio.sleep(0.01)
 
 
 class SmtpServer:
@@ -139,7 +173,7 @@ class SmtpServer:
         self._controller.start()
 
     def stop(self) -> None:
-        self.sink.release.set()
+        self.sink.release_all()
         if self._controller is not None:
             self._controller.stop()
             self._controller = None
@@ -223,6 +257,10 @@ class Workers:
         self.started.append(worker)
         return worker
 
+    def logs(self) -> str:
+        """The end of every worker's log, for a failure message."""
+        return "\n".join(f"== {w.name}\n{w.log()[-2000:]}" for w in self.started)
+
     def wait_ready(self, worker: WorkerProcess, within: float = 30) -> None:
         wait_until(lambda: _answers(worker), within, lambda: worker.log())
 
@@ -243,6 +281,30 @@ class Workers:
                 worker.process.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class RestartableDatabase:
+    """A migrated database on a server the test may stop and start again."""
+
+    server: EmbeddedPostgres
+    dsn: str
+
+
+def lease_losses(logs: list[str]) -> list[int]:
+    """The outbox ids of the leases each worker logged as lost (once per worker and row).
+
+    A lease lost under a live worker (stalled past it on a busy machine) is the one other
+    way a message is sent twice; a worker logs each such loss with the row's id.
+    """
+    found = []
+    for log in logs:
+        ids = set()
+        for line in log.splitlines():
+            if '"lease lost' in line or '"lease could not be extended' in line:
+                ids.add(int(json.loads(line)["outbox_id"]))
+        found.extend(sorted(ids))
+    return found
+
+
 def _answers(worker: WorkerProcess) -> bool:
     assert worker.process.poll() is None, worker.log()[-3000:]
     try:
@@ -258,7 +320,7 @@ def wait_until(
     deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s: {describe()}")
+            raise AssertionError(f"timed out after {within}s waiting: {describe()}")
         time.sleep(0.05)
 
 

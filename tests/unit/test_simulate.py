@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from leasebox.scaling.simulation import report
+from leasebox.scaling.simulation.engine import Controller, run_simulation
 from leasebox.scaling.simulation.hpa import HpaSpec, HpaState, hpa_metric_replicas, hpa_step
 from leasebox.scaling.simulation.runner import (
     RunResult,
@@ -19,7 +21,13 @@ from leasebox.scaling.simulation.runner import (
     scenario_workload,
     to_json,
 )
-from leasebox.scaling.simulation.scenarios import BURST_SCENARIOS, SCENARIOS, TraceError, load_trace
+from leasebox.scaling.simulation.scenarios import (
+    BURST_SCENARIOS,
+    SCENARIOS,
+    TraceError,
+    Workload,
+    load_trace,
+)
 
 SHORT = SimulationConfig(duration_seconds=900)
 
@@ -42,11 +50,32 @@ def test_replays_identically_under_the_same_seed() -> None:
     assert scenario_workload("steady", other_seed) != scenario_workload("steady", SHORT)
 
 
-def test_gives_every_policy_the_same_arrivals(built_in: list[ScenarioComparison]) -> None:
-    workload = scenario_workload("flash-crowd", SimulationConfig())
+def test_gives_every_policy_the_same_arrivals(
+    built_in: list[ScenarioComparison], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = SimulationConfig()
+    workload = scenario_workload("flash-crowd", config)
     assert max(workload.arrivals) > 40 * 30
     for comparison in built_in:
         assert len(comparison.results) == 1 + 5 + 4
+    # Every run of a comparison is handed the one workload: the same arrivals second by
+    # second, the same throughput and the same noise draws.
+    runs: list[tuple[Workload, str, str]] = []
+
+    def recording(given: Workload, controller: Controller, cfg: SimulationConfig) -> RunResult:
+        runs.append((given, controller.policy, controller.setting))
+        return run_simulation(given, controller, cfg)
+
+    monkeypatch.setattr(report, "run_simulation", recording)
+    comparison = compare(workload, config, burst=True)
+    assert [(policy, setting) for _, policy, setting in runs] == [
+        (r.policy, r.setting) for r in comparison.results
+    ]
+    assert len({setting for _, _, setting in runs}) == len(runs) == 1 + 5 + 4
+    fresh = scenario_workload("flash-crowd", config)
+    for given, _, _ in runs:
+        assert given.arrivals == fresh.arrivals
+        assert (given.throughput, given.noise) == (fresh.throughput, fresh.noise)
 
 
 # Traces -------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,31 +14,7 @@ from leasebox.runtime import options
 from leasebox.runtime.options import OPTIONS, Style, Target
 from leasebox.runtime.process import ProcessConfig
 from leasebox.runtime.settings import WorkerSettings
-
-# A value other than the default for every option, as the option's own type.
-SAMPLES: dict[str, Any] = {
-    "kinds": ("otp", "invite"),
-    "schema": "mail",
-    "provider_url": "log://",
-    "provider_timeout": 2.5,
-    "templates_dir": Path("/etc/leasebox/templates"),
-    "concurrency": 12,
-    "batch_size": 5,
-    "lease_seconds": 20.0,
-    "poll_interval": 0.5,
-    "listen": False,
-    "grace_seconds": 3.0,
-    "drain": True,
-    "max_attempts": 5,
-    "backoff_base": 1.0,
-    "backoff_max": 60.0,
-    "metrics_port": 0,
-    "metrics_host": "127.0.0.1",
-    "log_format": "json",
-    "log_level": "debug",
-    "worker_id": "pod-a",
-}
-REQUIRED = {"LEASEBOX_DSN": "postgresql://app@db/app"}
+from support.worker_options import REQUIRED, SAMPLES
 
 
 def test_the_samples_cover_every_option_with_a_value_other_than_its_default() -> None:

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from leasebox.states import DeadReason, Status
 from leasebox.store import claiming, settling, sweeps
@@ -80,9 +81,14 @@ async def test_two_claimers_skip_each_others_locked_rows(
 ) -> None:
     ids = {db_insert() for _ in range(6)}
     async with await psycopg.AsyncConnection.connect(db_dsn) as holding:
-        # The first claim's transaction stays open, so its rows stay locked.
+        # The first claim's transaction stays open, so its rows stay locked. A claimer that
+        # waited for those locks would hit the lock timeout instead of skipping them.
         first = await _claim(holding, db_now, limit=3)
-        second = await _claim(db_aconn, db_now, limit=10)
+        await db_aconn.execute("SET lock_timeout = '5s'")
+        try:
+            second = await _claim(db_aconn, db_now, limit=10)
+        except psycopg.errors.LockNotAvailable:
+            pytest.fail("the second claimer waited for the first one's locks")
         await holding.commit()
     assert len(first) == 3
     assert {m.id for m in first} | {m.id for m in second} == ids
@@ -270,7 +276,7 @@ async def test_a_reclaimed_row_out_of_attempts_becomes_a_dead_letter(
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "attempts_exhausted", 2)
 
 
-async def test_an_otp_past_its_expiry_is_dead_lettered_and_never_claimed(
+async def test_an_otp_past_its_expiry_is_never_claimed(
     db_aconn: psycopg.AsyncConnection,
     db_conn: psycopg.Connection,
     db_insert: Insert,
@@ -278,9 +284,26 @@ async def test_an_otp_past_its_expiry_is_dead_lettered_and_never_claimed(
 ) -> None:
     expiring = db_insert(expires_at=db_now + timedelta(seconds=60))
     lasting = db_insert(expires_at=None)
+    later = db_insert(expires_at=db_now + timedelta(seconds=600))
+    # No sweep has run: the claim itself passes over the expired row.
+    claimed = await _claim(db_aconn, db_now + timedelta(seconds=60))
+    assert [m.id for m in claimed] == [lasting, later]
+    row = row_of(db_conn, expiring)
+    assert (row["status"], row["attempts"], row["lease_token"]) == ("pending", 0, None)
+
+
+async def test_the_sweep_dead_letters_only_otps_past_their_expiry(
+    db_aconn: psycopg.AsyncConnection,
+    db_conn: psycopg.Connection,
+    db_insert: Insert,
+    db_now: datetime,
+) -> None:
+    expiring = db_insert(expires_at=db_now + timedelta(seconds=60))
+    lasting = db_insert(expires_at=None)
+    later = db_insert(expires_at=db_now + timedelta(seconds=600))
     expired = await sweeps.dead_letter_expired(db_aconn, now=db_now + timedelta(seconds=61))
     assert expired == [sweeps.Expired(expiring, "otp")]
     row = row_of(db_conn, expiring)
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "expired", 0)
-    assert [m.id for m in await _claim(db_aconn, db_now + timedelta(seconds=62))] == [lasting]
-    assert statuses(db_conn) == {"dead": 1, "processing": 1}
+    assert statuses(db_conn) == {"dead": 1, "pending": 2}
+    assert {row_of(db_conn, i)["status"] for i in (lasting, later)} == {"pending"}

@@ -24,6 +24,7 @@ from leasebox.cli.main import main
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from leasebox.testing.embedded import free_port
 from support.worker_doubles import Insert, statuses
+from support.worker_options import REQUIRED, SAMPLES
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
@@ -279,7 +280,7 @@ def _get_when_up(url: str, process: subprocess.Popen[str], within: float = 30) -
                 return str(response.read().decode())
         except OSError:
             assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, f"{url} did not answer in time"
+            assert time.monotonic() < deadline, f"timed out: {url} did not answer"
             time.sleep(0.05)
 
 
@@ -289,46 +290,31 @@ def _wait_for(
     deadline = time.monotonic() + within
     while not condition():
         assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, "condition not met in time"
+        assert time.monotonic() < deadline, "timed out waiting for the condition"
         time.sleep(0.05)
 
 
-def test_every_setting_can_come_from_a_leasebox_variable_and_a_flag_wins() -> None:
+def test_every_setting_can_come_from_its_leasebox_variable_and_a_flag_wins() -> None:
     from leasebox.cli.main import build_parser
-    from leasebox.cli.worker import process_config
+    from leasebox.cli.worker import process_config, read_options
+    from leasebox.runtime.options import OPTIONS, Target
 
-    environ = {
-        "LEASEBOX_DSN": "postgresql://app@db/app",
-        "LEASEBOX_PROVIDER_URL": "log://",
-        "LEASEBOX_KINDS": "otp,invite",
-        "LEASEBOX_SCHEMA": "mail",
-        "LEASEBOX_CONCURRENCY": "8",
-        "LEASEBOX_BATCH_SIZE": "5",
-        "LEASEBOX_LEASE_SECONDS": "20",
-        "LEASEBOX_GRACE": "3",
-        "LEASEBOX_POLL_INTERVAL": "0.5",
-        "LEASEBOX_NO_LISTEN": "true",
-        "LEASEBOX_DRAIN": "1",
-        "LEASEBOX_MAX_ATTEMPTS": "5",
-        "LEASEBOX_BACKOFF_BASE": "1",
-        "LEASEBOX_BACKOFF_MAX": "60",
-        "LEASEBOX_METRICS_PORT": "0",
-        "LEASEBOX_WORKER_ID": "pod-a",
-        "LEASEBOX_TEMPLATES": "/etc/leasebox/templates",
-    }
-    args = build_parser().parse_args(["worker", "--concurrency", "12"])
+    # Every variable of the settings table, each with a value other than its default, as
+    # the text a person (or the operator) writes.
+    environ = {o.variable: o.render(SAMPLES[o.name]) for o in OPTIONS} | REQUIRED
+    args = build_parser().parse_args(["worker", "--concurrency", "7"])
     config = process_config(args, environ)
-    s = config.settings
-    assert (s.kinds, s.schema, s.concurrency, s.batch_size) == (("otp", "invite"), "mail", 12, 5)
-    assert (s.lease_seconds, s.grace_seconds, s.poll_interval) == (20, 3, 0.5)
-    assert (s.listen, s.drain, s.max_attempts, s.worker_id) == (False, True, 5, "pod-a")
-    assert (s.backoff_base, s.backoff_max) == (1, 60)
-    assert (config.dsn, config.provider_url, config.metrics_port) == (
-        "postgresql://app@db/app",
-        "log://",
-        0,
-    )
-    assert str(config.templates_dir) == "/etc/leasebox/templates"
+    logging_values = read_options(args, environ)  # what the command configures logging with
+    expected = {**SAMPLES, "concurrency": 7}
+    got = {}
+    for option in OPTIONS:
+        holder = config.settings if option.target is Target.SETTINGS else config
+        if option.name in ("log_format", "log_level"):
+            got[option.variable] = logging_values[option.name]
+        else:
+            got[option.variable] = getattr(holder, option.name)
+    assert got == {o.variable: expected[o.name] for o in OPTIONS}
+    assert config.dsn == REQUIRED["LEASEBOX_DSN"]
 
 
 def test_the_defaults_match_the_documented_ones() -> None:

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -115,6 +116,9 @@ class Worker:
         )
         self.database_problem: str | None = None
         self.failed = False
+        # How often the claim and the lease check have run: the positive signal that the
+        # worker looked (at the clock, at its leases), for tests and for debugging.
+        self.rounds: Counter[str] = Counter()
 
     # -- control -----------------------------------------------------------------------------
 
@@ -312,6 +316,7 @@ class Worker:
                 schema=s.schema,
                 now=self._clock(),
             )
+        self.rounds["claim"] += 1
         for message in rows:
             held = Held(message, started, started + s.lease_seconds)
             self._held[message.id] = held
@@ -458,6 +463,7 @@ class Worker:
                 await leases.extend_due_leases(self._pool, self._held, self.settings, self._clock())
             except DATABASE_ERRORS as exc:
                 self._database_failed("lease extension", exc, 1)
+            self.rounds["lease check"] += 1
 
     async def _sweeper(self) -> None:
         while True:

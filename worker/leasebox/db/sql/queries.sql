@@ -134,7 +134,8 @@ SELECT DISTINCT kind FROM {schema}.outbox WHERE status IN ('pending', 'processin
 ORDER BY kind;
 
 -- name: claim
--- Lease up to a batch of ready rows of some kinds, oldest availability first.
+-- Lease up to a batch of ready, unexpired rows of some kinds, oldest availability first.
+-- An OTP past its expiry is never claimed (no attempt spent on it): the sweep dead-letters it.
 WITH candidates AS (
     SELECT c.id
     FROM unnest(%(kinds)s::text[]) AS k(kind)
@@ -144,6 +145,7 @@ WITH candidates AS (
         WHERE o.kind = k.kind
           AND o.status = 'pending'
           AND o.available_at <= coalesce(%(now)s::timestamptz, now())
+          AND (o.expires_at IS NULL OR o.expires_at > coalesce(%(now)s::timestamptz, now()))
         ORDER BY o.available_at, o.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
