@@ -63,7 +63,7 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
     migrate(empty_db_dsn, "mail_outbox")
     with psycopg.connect(empty_db_dsn) as conn:
         described = describe_schema(conn, "mail_outbox")
-        assert {row[0] for row in described["columns"]} == {"outbox", "receipts"}
+        assert {row[0] for row in described["columns"]} == {"outbox", "receipts", "history"}
         assert describe_schema(conn, "leasebox")["columns"] == []
 
 

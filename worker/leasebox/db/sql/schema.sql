@@ -72,12 +72,44 @@ CREATE TABLE {schema}.receipts (
     outbox_id bigint NOT NULL REFERENCES {schema}.outbox (id) ON DELETE CASCADE,
     created_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL,
+    -- The latest request that mapped onto the send, and how many retried requests reused it
+    -- (`created_at` is the first).
+    last_seen_at timestamptz,
+    reuse_count integer NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, idempotency_key)
 ) WITH (fillfactor = 90);
 
 -- Pruning of expired receipts, and the cascade (and live-receipt check) of deleted rows.
 CREATE INDEX receipts_expires_idx ON {schema}.receipts (expires_at);
 CREATE INDEX receipts_outbox_idx ON {schema}.receipts (outbox_id);
+
+-- The attempt history: one row per event in a message's life (each claim, how each lease
+-- ended, an expiry in the queue, a requeue), written by the statement that makes the change
+-- and deleted by the statements that delete its row. Append-only, so it never bloats.
+CREATE TABLE {schema}.history (
+    outbox_id bigint NOT NULL,
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    event text NOT NULL CHECK (event IN (
+        'claimed', 'sent', 'retry', 'ambiguous', 'dead', 'released', 'lease_expired',
+        'lease_lost', 'expired', 'requeued')),
+    at timestamptz NOT NULL,
+    -- The message's attempt count when the event happened.
+    attempt integer,
+    -- The lease the event belongs to, and the worker that held it.
+    lease_token uuid,
+    worker_id text,
+    -- lease_expired: when the lease ran out (`at` is when it was taken back).
+    lease_expires_at timestamptz,
+    retry_delay_seconds double precision,
+    error_class text,
+    error text,
+    dead_reason text,
+    provider_message_id text,
+    PRIMARY KEY (outbox_id, id)
+) WITH (
+    fillfactor = 100,
+    autovacuum_vacuum_insert_scale_factor = 0.05
+);
 
 -- Wakes idle workers when rows arrive; one notification per statement, not per row.
 CREATE FUNCTION {schema}.notify_outbox() RETURNS trigger
