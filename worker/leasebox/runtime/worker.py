@@ -56,6 +56,8 @@ from leasebox.store.settling import Dead, Release, Retry, Sent
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
+# What a provider that reads no content (`null://`) gets for every message.
+_NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 
 
 class Renderer(Protocol):
@@ -317,11 +319,14 @@ class Worker:
                 now=self._clock(),
             )
         self.rounds["claim"] += 1
+        deadline = started + s.lease_seconds
+        held_rows, queue = self._held, self._queue
         for message in rows:
-            held = Held(message, started, started + s.lease_seconds)
-            self._held[message.id] = held
-            self.metrics.kind(message.kind).claimed.inc()
-            self._queue.put_nowait(held)
+            held = Held(message, started, deadline)
+            held_rows[message.id] = held
+            queue.put_nowait(held)
+        if rows:
+            self.metrics.claimed_rows(message.kind for message in rows)
         return rows
 
     async def _until(self, event: asyncio.Event, at_most: float | None) -> None:
@@ -377,19 +382,23 @@ class Worker:
         except Exception as exc:
             self._failed(held, classify(exc))
             return
-        self.metrics.inflight.inc()
+        metrics = self.metrics
+        metrics.sending += 1
         started = time.monotonic()
         try:
             outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
+            metrics.record_send(message.kind, self._provider.name, None, time.monotonic() - started)
             self._completions.put(Outcome(message, Release(held.lease)))
             raise
         finally:
-            self.metrics.inflight.dec()
-            self.metrics.kind(message.kind).send_duration.observe(time.monotonic() - started)
-        if not (isinstance(outcome, Failure) and outcome.code == EXPIRED_CODE):  # not sent at all
-            elapsed = time.monotonic() - started
-            self.metrics.provider_request(self._provider.name, outcome.outcome, elapsed)
+            metrics.sending -= 1
+        elapsed = time.monotonic() - started
+        # A send refused as expired before it reached the wire made no provider request.
+        expired = isinstance(outcome, Failure) and outcome.code == EXPIRED_CODE
+        metrics.record_send(
+            message.kind, self._provider.name, None if expired else outcome.outcome, elapsed
+        )
         if isinstance(outcome, Accepted):
             for warning in outcome.warnings:
                 log.warning("accepted, but %s", warning, extra=message_fields(message))
@@ -409,7 +418,7 @@ class Worker:
             secrets = self._cipher.open(message.secrets) if message.secrets else {}
             rendered = self._renderer.render(message.template, message.data, secrets)
         else:
-            rendered = RenderedEmail(subject="", text="", html=None)
+            rendered = _NO_CONTENT
         return Email(
             outbox_id=message.id,
             kind=message.kind,
