@@ -175,9 +175,10 @@ existing AS (
     ) AS o
 ),
 conflicts AS (
-    SELECT ord, outbox_id AS id, delivery_key, true AS receipt FROM found WHERE NOT same
+    SELECT ord, outbox_id AS id, delivery_key, 'receipt_conflict' AS source
+    FROM found WHERE NOT same
     UNION ALL
-    SELECT ord, id, delivery_key, false FROM existing WHERE NOT same
+    SELECT ord, id, delivery_key, 'conflict' FROM existing WHERE NOT same
 ),
 touched AS (
     UPDATE {schema}.receipts AS r
@@ -206,11 +207,13 @@ inserted AS (
     RETURNING id, delivery_key
 ),
 chosen AS (
-    SELECT w.ord, coalesce(n.id, e.id) AS id, w.delivery_key,
-           CASE WHEN e.id IS NULL THEN 'inserted' ELSE 'existing' END AS source
+    SELECT w.ord, n.id, w.delivery_key, 'inserted' AS source
     FROM to_write AS w
     LEFT JOIN inserted AS n ON n.delivery_key = w.delivery_key
-    LEFT JOIN existing AS e ON e.ord = w.ord
+    WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = w.ord)
+      AND NOT EXISTS (SELECT FROM conflicts)
+    UNION ALL
+    SELECT ord, id, delivery_key, 'existing' FROM existing
     WHERE NOT EXISTS (SELECT FROM conflicts)
 ),
 receipt AS (
@@ -235,8 +238,7 @@ WHERE NOT EXISTS (SELECT FROM conflicts)
 UNION ALL
 SELECT ord, source, id, delivery_key FROM chosen
 UNION ALL
-SELECT ord, CASE WHEN receipt THEN 'receipt_conflict' ELSE 'conflict' END, id, delivery_key
-FROM conflicts;
+SELECT ord, source, id, delivery_key FROM conflicts;
 
 -- name: get_message
 -- One outbox row without its secrets, for tools and tests.
