@@ -13,7 +13,7 @@ datetime to move time without sleeping.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -37,7 +37,7 @@ class ClaimedMessage(NamedTuple):
     aggregate_id: str | None
     recipient: str
     template: str
-    data: dict[str, Any]
+    data: Mapping[str, Any]
     secrets: bytes | None
     delivery_key: str
     attempts: int
