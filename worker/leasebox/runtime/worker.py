@@ -263,9 +263,14 @@ class Worker:
         s = self.settings
         failures = 0
         swept = False  # drain mode: swept since the last claim that found rows
+        backlog = False  # the last claim came back full: more rows are likely ready
+        # While a backlog lasts, claim at least half a batch at a time: a claim costs a round
+        # trip and a statement, and claiming whatever a few settled rows freed would pay that
+        # for a handful of rows. Half a batch still leaves the senders a full queue.
+        least = max(1, s.batch_size // 2)
         while not self._stop.is_set():
             room = s.capacity - len(self._held)
-            if room <= 0:
+            if room <= 0 or (backlog and room < least and self._held):
                 self._room.clear()
                 await self._until(self._room, None)
                 continue
@@ -283,7 +288,8 @@ class Worker:
                 failures = 0
             swept = swept and not claimed
             self.database_problem = None
-            if len(claimed) == min(room, s.batch_size):
+            backlog = len(claimed) == min(room, s.batch_size)
+            if backlog:
                 continue
             if s.drain:
                 if not self._held and not claimed:
