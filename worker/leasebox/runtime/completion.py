@@ -29,9 +29,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -50,9 +49,8 @@ _A = TypeVar("_A", Sent, Retry, Dead, Release)
 UNSTORABLE_ERROR = "the failure's description could not be stored"
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What happened to one claimed message, waiting to be written."""
+class Outcome(NamedTuple):
+    """What happened to one claimed message, waiting to be written (one per message sent)."""
 
     message: ClaimedMessage
     action: Settlement
