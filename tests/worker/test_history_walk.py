@@ -22,7 +22,7 @@ from leasebox.store import claiming, settling, sweeps
 from leasebox.store.claiming import ClaimedMessage, LeaseRef
 from leasebox.store.dead_letters import DeadLetterFilter, requeue_dead_letters
 from leasebox.store.settling import Dead, Retry, Sent
-from support.history import Event, histories
+from support.history import Event, check_histories, histories
 from support.worker_doubles import Insert, row_of
 
 A, B = "worker-a", "worker-b"
@@ -266,6 +266,7 @@ async def test_every_state_transition_writes_exactly_its_history_row(
         )
     )
     assert [e.event for e in walk.seen].count("lease_lost") == 4
+    assert check_histories(db_conn) == 1  # the walk, read back, agrees with the row
 
 
 def walk_time(conn: psycopg.Connection[Any], outbox_id: int) -> datetime:
