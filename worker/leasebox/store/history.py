@@ -202,3 +202,23 @@ def read_trace(
     receipts = fetch_receipts(conn, ids, schema=schema)
     events = fetch_history(conn, ids, schema=schema)
     return TraceRecords(tuple(rows), tuple(receipts), tuple(events))
+
+
+async def read_traces_async(
+    conn: psycopg.AsyncConnection[Any], outbox_ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+) -> TraceRecords:
+    """The rows with `outbox_ids` (in id order) with their receipts and history, on an
+    async connection: what `leasebox demo` reads to explain its duplicates."""
+    params = {"outbox_ids": list(outbox_ids)}
+    if not params["outbox_ids"]:
+        return TraceRecords((), (), ())
+    async with conn.cursor(row_factory=class_row(TracedRow)) as cur:
+        await cur.execute(query("trace_by_ids", schema, TRACE_SQL), params)
+        rows = await cur.fetchall()
+    async with conn.cursor(row_factory=class_row(ReceiptRecord)) as cur:
+        await cur.execute(query("trace_receipts", schema, TRACE_SQL), params)
+        receipts = await cur.fetchall()
+    async with conn.cursor(row_factory=class_row(HistoryEvent)) as cur:
+        await cur.execute(query("trace_history", schema, TRACE_SQL), params)
+        events = await cur.fetchall()
+    return TraceRecords(tuple(rows), tuple(receipts), tuple(events))

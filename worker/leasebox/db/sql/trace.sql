@@ -15,6 +15,14 @@ SELECT
 FROM {schema}.outbox AS o
 WHERE o.id = %(outbox_id)s;
 
+-- name: trace_by_ids
+-- Some outbox rows by id, in id order (the demo's duplicates).
+SELECT
+-- include: traced_columns
+FROM {schema}.outbox AS o
+WHERE o.id = ANY(%(outbox_ids)s)
+ORDER BY o.id;
+
 -- name: trace_by_delivery_key
 -- The outbox row with a delivery key (its unique index).
 SELECT
