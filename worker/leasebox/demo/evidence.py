@@ -30,7 +30,7 @@ from leasebox.demo.report import (
     ScalingEvent,
 )
 from leasebox.demo.scenario import REJECTED_ADDRESS, ClientRecord
-from leasebox.inspection.narrative import chronicle, copies_answer
+from leasebox.inspection.narrative import chronicle
 from leasebox.inspection.trace import Event, SendStory, build_story
 from leasebox.store.history import read_traces_async
 from leasebox.testing.smtp_sink import ReceivedMessage, SmtpSink
@@ -74,14 +74,14 @@ def check_codes(
 
 
 def history_account(send: SendStory) -> HistoryAccount:
-    """The copies a row's history accounts for, and its story in the trace's words."""
+    """The copies a row's history accounts for, and its life in the trace's words."""
     attempts = send.attempts
     return HistoryAccount(
         sent=sum(1 for a in attempts if a.outcome == Event.SENT),
         late_accepted=sum(1 for a in attempts if a.late is not None and a.late.accepted),
         vanished=tuple(a.worker_id or "?" for a in attempts if a.vanished),
         ambiguous=sum(1 for a in attempts if a.outcome == Event.AMBIGUOUS),
-        story=f"{chronicle(send)}; {copies_answer(send)}",
+        story=chronicle(send),
     )
 
 
