@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from leasebox.cli.common import add_database_options, kinds_list
+
+if TYPE_CHECKING:
+    from leasebox.store.history import Selector
 
 DEFAULT_LIMIT = 20
 
@@ -32,7 +36,7 @@ def register(subparsers: Any) -> None:
     )
     add_database_options(trace)
     chosen = trace.add_mutually_exclusive_group(required=True)
-    chosen.add_argument("--id", type=_outbox_id, metavar="ID", help="an outbox id")
+    chosen.add_argument("--id", type=_positive, metavar="ID", help="an outbox id")
     chosen.add_argument("--delivery-key", type=_text("delivery key"), help="a delivery key")
     chosen.add_argument(
         "--idempotency-key",
@@ -56,7 +60,7 @@ def register(subparsers: Any) -> None:
     )
     trace.add_argument(
         "--limit",
-        type=_outbox_id,
+        type=_positive,
         help=f"at most this many sends (only with --aggregate-id; default: {DEFAULT_LIMIT})",
     )
     trace.add_argument("--json", action="store_true", help="print JSON instead of words")
@@ -68,7 +72,7 @@ def register(subparsers: Any) -> None:
     trace.set_defaults(func=run_trace)
 
 
-def _outbox_id(value: str) -> int:
+def _positive(value: str) -> int:
     try:
         number = int(value)
     except ValueError:
@@ -78,7 +82,7 @@ def _outbox_id(value: str) -> int:
     return number
 
 
-def _text(what: str) -> Any:
+def _text(what: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if not value.strip():
             raise argparse.ArgumentTypeError(f"the {what} must not be empty")
@@ -94,7 +98,7 @@ def _one_kind(value: str) -> str:
     return kinds[0]
 
 
-def selector_of(args: argparse.Namespace) -> Any:
+def selector_of(args: argparse.Namespace) -> Selector:
     """The store's selector for the flags, or a usage error for a flag that does not fit."""
     from leasebox.errors import ConfigurationError
     from leasebox.store.history import DEFAULT_SCOPE, Selector
