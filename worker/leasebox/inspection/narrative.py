@@ -62,9 +62,10 @@ def requests_answer(trace: Trace) -> str:
     sends = len(trace.sends)
     answer = f"{_plural(sends, 'logical send')} from {_plural(trace.requests, 'request')}"
     keyless = sum(1 for send in trace.sends if send.keyless)
-    if keyless:
-        rows = "it" if sends == 1 else f"{keyless} of them"
-        answer += f" ({rows} made by a request without an idempotency key)"
+    if keyless and sends == 1:
+        answer += " without an idempotency key"
+    elif keyless:
+        answer += f" ({keyless} of the sends from a request without an idempotency key)"
     return answer
 
 
@@ -99,8 +100,8 @@ def ownership_answer(send: SendStory) -> str:
     if send.ownership == Ownership.TAKEN_OVER:
         gone = ", ".join(dict.fromkeys(a.worker_id or "?" for a in send.attempts if a.vanished))
         return (
-            f"{count} ({workers}) took turns, but {gone} never reported back after its lease "
-            "ran out (killed or cut off): it may have sent before the reclaim"
+            f"{count} ({workers}), one lease at a time, but {gone} never reported back after "
+            "its lease ran out (killed or cut off): it may have sent before the reclaim"
         )
     racers = [a for a in send.attempts if a.late is not None]
     late = ", ".join(

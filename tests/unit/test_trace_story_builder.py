@@ -367,9 +367,7 @@ def test_three_requests_onto_one_send_are_one_logical_send() -> None:
 def test_a_row_without_a_receipt_is_one_request_without_an_idempotency_key() -> None:
     send = story(History(), status="pending", attempts=0)
     trace = Trace(BY_ID, (send,))
-    assert requests_answer(trace) == (
-        "1 logical send from 1 request (it made by a request without an idempotency key)"
-    )
+    assert requests_answer(trace) == ("1 logical send from 1 request without an idempotency key")
     assert chronicle(send) == "waiting for a worker"
     assert ownership_answer(send) == "no worker has claimed it"
 
@@ -495,3 +493,11 @@ def test_a_later_ending_of_the_same_lease_does_not_rewrite_the_first() -> None:
     send = story(history)
     assert [a.outcome for a in send.attempts] == ["sent"]
     assert send.attempts[0].ended_at == at(1)
+
+
+def test_sends_without_receipts_are_counted_as_keyless_requests() -> None:
+    records = TraceRecords(rows=(row(2), row(1)), receipts=(receipt("a", 1, 1),), events=())
+    trace = build_trace(records, Selector(aggregate_id="user-1"))
+    assert requests_answer(trace) == (
+        "2 logical sends from 3 requests (1 of the sends from a request without an idempotency key)"
+    )
