@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 
 
 @dataclass(frozen=True)
@@ -103,3 +103,73 @@ def count_rows(conn: psycopg.Connection[Any], *, schema: str = "leasebox") -> in
     conn.rollback()
     assert row is not None
     return int(row[0])
+
+
+# What ends a lease, and the status each leaves the row in (lease_expired: pending or dead).
+_ENDS_A_LEASE = {"sent", "retry", "ambiguous", "dead", "released", "lease_expired"}
+
+
+def check_history(rows: Iterable[Event], row: dict[str, Any]) -> None:
+    """Assert that a message's history is a walk of the state diagram ending where its row is.
+
+    Each claim starts a lease on a row that held none, counting one attempt; exactly one event
+    ends each lease, naming its token (released gives its attempt back); a `lease_lost`
+    names a lease already over; `expired` and `requeued` happen outside any lease. The last
+    event that is not a late `lease_lost` says the row's status, reason and provider id.
+    """
+    where = f"message {row['id']}"
+    current: uuid.UUID | None = None
+    claims: dict[uuid.UUID, int] = {}  # every lease's token: the attempt it counted
+    attempts = 0
+    final: Event | None = None
+    for event in rows:
+        name, token = event.event, event.lease_token
+        if name == "claimed":
+            assert current is None, f"{where}: claimed while a lease was held: {event}"
+            assert token is not None, f"{where}: a claim without a token"
+            attempts += 1
+            assert event.attempt == attempts, f"{where}: claim {event.attempt}, not {attempts}"
+            current, claims[token] = token, attempts
+        elif name in _ENDS_A_LEASE:
+            assert current is not None, f"{where}: {event} while no lease was held"
+            assert token == current, f"{where}: {event} ends another lease"
+            assert event.attempt == attempts, f"{where}: {event} is not attempt {attempts}"
+            if name == "released":
+                attempts -= 1
+            current = None
+        elif name == "lease_lost":
+            assert token in claims, f"{where}: a lost lease that was never claimed: {event}"
+            assert token != current, f"{where}: the lease held was lost: {event}"
+            assert event.attempt == claims[token], f"{where}: {event}"
+            continue
+        else:
+            assert current is None, f"{where}: {name} while a lease was held"
+            if name == "requeued":
+                attempts = 0
+        final = event
+    assert attempts == row["attempts"], f"{where}: {attempts} attempts counted, {row['attempts']}"
+    status = row["status"]
+    if status in ("pending", "processing"):
+        assert (current is not None) == (status == "processing"), where
+        return
+    assert final is not None, f"{where}: {status} without history"
+    if status == "sent":
+        assert (final.event, final.provider_message_id) == ("sent", row["provider_message_id"])
+        assert final.worker_id == row["leased_by"], where
+    else:
+        assert final.event in ("dead", "lease_expired", "expired"), f"{where}: {final}"
+        assert final.dead_reason == row["dead_reason"], f"{where}: {final}"
+
+
+def check_histories(conn: psycopg.Connection[Any], *, schema: str = "leasebox") -> int:
+    """`check_history` for every message of the outbox; returns how many were checked."""
+    statement = sql.SQL(
+        "SELECT id, status, attempts, leased_by, provider_message_id, dead_reason FROM {}.outbox"
+    ).format(sql.Identifier(schema))
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(statement).fetchall()
+    conn.rollback()
+    written = histories(conn, schema=schema)
+    for row in found:
+        check_history(written.get(row["id"], []), row)
+    return len(found)
