@@ -37,15 +37,19 @@ def register(subparsers: Any) -> None:
     add_database_options(trace)
     chosen = trace.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--id", type=_positive, metavar="ID", help="an outbox id")
-    chosen.add_argument("--delivery-key", type=_text("delivery key"), help="a delivery key")
+    chosen.add_argument(
+        "--delivery-key", type=_text("delivery key"), metavar="KEY", help="a delivery key"
+    )
     chosen.add_argument(
         "--idempotency-key",
         type=_text("idempotency key"),
+        metavar="KEY",
         help="the idempotency key a request carried (with --scope)",
     )
     chosen.add_argument(
         "--aggregate-id",
         type=_text("aggregate id"),
+        metavar="ID",
         help="the business entity (user id): its sends, newest first (scans the outbox)",
     )
     trace.add_argument(
@@ -56,11 +60,13 @@ def register(subparsers: Any) -> None:
     trace.add_argument(
         "--kind",
         type=_one_kind,
+        metavar="KIND",
         help="only sends of this kind (only with --aggregate-id)",
     )
     trace.add_argument(
         "--limit",
         type=_positive,
+        metavar="N",
         help=f"at most this many sends (only with --aggregate-id; default: {DEFAULT_LIMIT})",
     )
     trace.add_argument("--json", action="store_true", help="print JSON instead of words")
