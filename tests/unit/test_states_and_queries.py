@@ -9,7 +9,7 @@ import pytest
 
 from leasebox.db import queries
 from leasebox.db.queries import CORE, NOTIFY_CHANNEL, SqlFile, named_queries, query, read_sql_file
-from leasebox.states import DeadReason, Status
+from leasebox.states import DeadReason, Event, Status
 
 QUERIES_TEXT = read_sql_file("queries.sql")
 
@@ -47,6 +47,10 @@ def test_every_history_event_the_schema_allows_is_written_and_nothing_else() -> 
     for select in inserts:
         written |= set(re.findall(r"'([a-z_]+)'", select))
     assert written == _history_events_allowed()
+
+
+def test_the_event_enum_is_the_history_tables_check_constraint() -> None:
+    assert _history_events_allowed() == {e.value for e in Event}
 
 
 def test_every_statement_that_changes_a_row_writes_its_history() -> None:

@@ -31,7 +31,8 @@ from leasebox.demo.report import (
 )
 from leasebox.demo.scenario import REJECTED_ADDRESS, ClientRecord
 from leasebox.inspection.narrative import chronicle
-from leasebox.inspection.trace import Event, SendStory, build_story
+from leasebox.inspection.trace import SendStory, build_story
+from leasebox.states import Event
 from leasebox.store.history import read_traces_async
 from leasebox.testing.smtp_sink import ReceivedMessage, SmtpSink
 

@@ -17,12 +17,12 @@ from leasebox.inspection.trace import (
     IN_FLIGHT,
     Attempt,
     Copies,
-    Event,
     LateReport,
     Ownership,
     SendStory,
     Trace,
 )
+from leasebox.states import Event
 from leasebox.store.history import HistoryEvent
 
 

@@ -17,6 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from leasebox.delivery.providers.base import derived_message_id, recipient_domain
+from leasebox.states import Event
 from leasebox.store.history import (
     HistoryEvent,
     ReceiptRecord,
@@ -24,22 +25,6 @@ from leasebox.store.history import (
     TracedRow,
     TraceRecords,
 )
-
-
-class Event(StrEnum):
-    """The history's `event` column."""
-
-    CLAIMED = "claimed"
-    SENT = "sent"
-    RETRY = "retry"
-    AMBIGUOUS = "ambiguous"
-    DEAD = "dead"
-    RELEASED = "released"
-    LEASE_EXPIRED = "lease_expired"
-    LEASE_LOST = "lease_lost"
-    EXPIRED = "expired"
-    REQUEUED = "requeued"
-
 
 # The events that end a lease; `lease_lost` comes from a worker whose lease already ended.
 ENDINGS = frozenset(
