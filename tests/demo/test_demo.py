@@ -8,18 +8,23 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 
 from leasebox.cli import demo as demo_command
+from leasebox.demo.evidence import history_account
 from leasebox.demo.report import (
+    CAUSE_AMBIGUOUS,
     CAUSE_KILLED,
     CAUSE_LEASE_LOST,
     ApiStats,
     Copy,
     Evidence,
+    HistoryAccount,
     Kill,
     OutboxRow,
     percentile,
@@ -28,6 +33,8 @@ from leasebox.demo.report import (
     verdict,
 )
 from leasebox.demo.scenario import REJECTED_ADDRESS, Scenario
+from leasebox.inspection.trace import build_story
+from leasebox.store.history import HistoryEvent, TracedRow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +54,13 @@ def copy(outbox_id: int, message_id: str | None = None) -> Copy:
     return Copy(f"otp:u:{outbox_id}", message_id or f"<m{outbox_id}@leasebox>")
 
 
+KILLED_STORY = (
+    "claimed by demo-worker-2, demo-worker-2's lease ran out at 2026-12-01T12:00:45Z after "
+    "45 s, reclaimed by demo-worker-3, sent by demo-worker-3 at 2026-12-01T12:00:48Z"
+)
+KILLED = HistoryAccount(sent=1, vanished=("demo-worker-2",), story=KILLED_STORY)
+
+
 def evidence(**overrides: Any) -> Evidence:
     """A healthy run: three sends, one bounced, one duplicate behind a killed worker."""
     fields: dict[str, Any] = {
@@ -54,7 +68,7 @@ def evidence(**overrides: Any) -> Evidence:
         "rows": [row(1), row(2), row(3, "dead", REJECTED_ADDRESS)],
         "copies": [copy(1), copy(2), copy(2)],
         "kills": [Kill("demo-worker-2", 10.0, frozenset({2}))],
-        "lease_lost_ids": frozenset(),
+        "histories": {2: KILLED},
         "lease_lost_reported": 0,
         "retries": 4,
         "transient_rejections": 4,
@@ -86,15 +100,38 @@ def test_an_accepted_challenge_without_an_outbox_row_is_lost() -> None:
     assert summary.lost == (-1,)
 
 
-def test_a_duplicate_without_a_crash_or_lease_loss_fails_the_verdict() -> None:
-    summary = summarise(evidence(kills=[]))
-    assert any("without a crash or lease loss" in r for r in verdict(summary))
+def test_a_duplicate_whose_history_shows_one_clean_send_fails_the_verdict() -> None:
+    summary = summarise(evidence(histories={2: HistoryAccount(sent=1)}))
+    assert any(
+        "without a crash or lease loss in their attempt history" in r for r in verdict(summary)
+    )
+
+
+def test_a_kill_the_history_does_not_show_explains_no_duplicate() -> None:
+    summary = summarise(evidence(histories={}))
+    assert summary.duplicates[0].cause == "unexplained"
+    assert verdict(summary)
+    assert "outbox id 2, 2 copies, unexplained: no attempt history" in render(summary)
 
 
 def test_a_duplicate_after_a_lost_lease_is_explained() -> None:
-    summary = summarise(evidence(kills=[], lease_lost_ids=frozenset({2})))
+    stalled = HistoryAccount(sent=1, late_accepted=1, story="lease lost by demo-worker-1")
+    summary = summarise(evidence(kills=[], histories={2: stalled}))
     assert verdict(summary) == []
     assert summary.duplicates_by_cause() == {CAUSE_LEASE_LOST: 1}
+
+
+def test_a_duplicate_after_an_ambiguous_send_is_explained_as_such() -> None:
+    summary = summarise(evidence(kills=[], histories={2: HistoryAccount(sent=1, ambiguous=1)}))
+    assert verdict(summary) == []
+    assert summary.duplicates_by_cause() == {CAUSE_AMBIGUOUS: 1}
+
+
+def test_the_report_tells_each_duplicate_from_its_attempt_history() -> None:
+    text = render(summarise(evidence()))
+    assert "Duplicates, from the attempt history (`leasebox trace --id N`)" in text
+    assert f"outbox id 2, 2 copies, worker killed mid-send: {KILLED_STORY}" in text
+    assert "holding 1 lease(s): by the attempt history, 1 of them reached the server" in text
 
 
 def test_more_than_one_extra_copy_per_crash_fails_the_verdict() -> None:
@@ -144,7 +181,7 @@ def test_a_shortened_scenario_keeps_the_order_of_events() -> None:
 def test_the_command_exits_non_zero_with_the_reason_when_a_guarantee_breaks(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    broken = summarise(evidence(kills=[]))
+    broken = summarise(evidence(histories={}))
 
     async def fake_run(settings: Any, out: Any, live: bool, report: Any) -> Any:
         report(broken)
@@ -201,3 +238,45 @@ def test_a_shortened_demo_delivers_every_accepted_send_and_explains_each_duplica
     assert all(summary["api"]["checks"].values())
     assert summary["codes_checked"] == summary["delivered"]
     assert summary["codes_mismatched"] == 0
+
+
+def _event(
+    event_id: int, event: str, seconds: float, worker: str, token: int, **f: Any
+) -> HistoryEvent:
+    values: dict[str, Any] = dict.fromkeys(
+        (
+            "attempt",
+            "lease_expires_at",
+            "retry_delay_seconds",
+            "error_class",
+            "error",
+            "dead_reason",
+            "provider_message_id",
+        )
+    )
+    values.update(f)
+    moment = datetime(2026, 12, 1, 12, tzinfo=UTC) + timedelta(seconds=seconds)
+    return HistoryEvent(
+        2, event_id, event, moment, lease_token=UUID(int=token), worker_id=worker, **values
+    )
+
+
+def test_the_history_account_counts_what_the_trace_story_found() -> None:
+    outbox = TracedRow(
+        2, "otp", "u", "a@example.com", "otp:u:2", "sent", 2, 8,
+        datetime(2026, 12, 1, 12, tzinfo=UTC), None, None, None, None, None, None, None,
+    )  # fmt: skip
+    killed = [
+        _event(1, "claimed", 0, "w1", 1),
+        _event(2, "lease_expired", 47, "w1", 1),
+        _event(3, "claimed", 48, "w2", 2),
+        _event(4, "sent", 49, "w2", 2, provider_message_id="<m>"),
+    ]
+    account = history_account(build_story(outbox, [], killed))
+    assert (account.sent, account.late_accepted, account.vanished) == (1, 0, ("w1",))
+    assert account.story.startswith("claimed by w1, w1's lease ran out")
+    stalled = [*killed, _event(5, "lease_lost", 52, "w1", 1, provider_message_id="<m>")]
+    account = history_account(build_story(outbox, [], stalled))
+    assert (account.sent, account.late_accepted, account.vanished) == (1, 1, ())
+    assert account.cause(1) == CAUSE_LEASE_LOST
+    assert account.cause(2) == "unexplained"

@@ -22,6 +22,7 @@ from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.runtime.worker import Worker
 from support import hostile_smtp as smtp
 from support.fault_rig import SETTINGS, Run, judge, rows, run_until_final, seed
+from support.history import events, histories
 
 MESSAGES = 12
 pytestmark = pytest.mark.slow
@@ -79,9 +80,17 @@ async def test_a_drop_after_the_whole_message_is_never_resent_within_the_attempt
         "smtp: drop before 250, once", script, db_pool, db_conn, cipher, duplicates=True
     )
     found = rows(db_conn)
+    told = histories(db_conn)
     for key in ran.keys:
         assert [c.attempt for c in ran.server.taken(key)] == [1, 2]
         assert (found[key]["status"], found[key]["attempts"]) == ("sent", 2)
+        # The history says the first attempt was ambiguous, not a plain retry, then sent.
+        history = told[found[key]["id"]]
+        assert events(history) == ["claimed", "ambiguous", "claimed", "sent"]
+        assert history[1].error_class == "ambiguous"
+        assert history[1].retry_delay_seconds is not None
+        assert history[1].retry_delay_seconds > 0
+        assert history[3].provider_message_id == found[key]["provider_message_id"]
     assert retries(ran.run.worker, "ambiguous") == MESSAGES
 
 
@@ -101,6 +110,13 @@ async def test_a_server_that_always_drops_before_250_gets_one_copy_per_attempt(
         assert (row["status"], row["dead_reason"]) == ("dead", "attempts_exhausted")
         assert row["last_error_class"] == "ambiguous"
         assert "may have been accepted" in row["last_error"]
+        history = histories(db_conn)[row["id"]]
+        tries = SETTINGS.max_attempts - 1
+        assert events(history) == ["claimed", "ambiguous"] * tries + ["claimed", "dead"]
+        assert (history[-1].dead_reason, history[-1].error_class) == (
+            "attempts_exhausted",
+            "ambiguous",
+        )
 
 
 async def test_a_reply_that_times_out_after_the_message_is_ambiguous_and_retried_later(
@@ -119,6 +135,10 @@ async def test_a_reply_that_times_out_after_the_message_is_ambiguous_and_retried
         duplicates=True,
     )
     assert all([c.attempt for c in ran.server.taken(k)] == [1, 2] for k in ran.keys)
+    told = histories(db_conn)
+    assert {tuple(events(h)) for h in told.values()} == {
+        ("claimed", "ambiguous", "claimed", "sent")
+    }
 
 
 async def test_a_slow_server_within_the_timeout_takes_each_message_once(

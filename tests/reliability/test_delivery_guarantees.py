@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import random
 import signal
+import uuid
+from collections import Counter
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from leasebox.delivery.providers.base import derived_message_id
+from support.history import Event, check_histories, events, histories_at
 from support.reliability_rig import (
     SHORT_LEASE,
     RestartableDatabase,
@@ -69,6 +72,8 @@ def test_four_workers_deliver_5000_messages_exactly_once(
     assert sink.delivered == 5000
     assert sum(sent) == 5000
     assert all(n > 0 for n in sent), sent  # every worker took part
+    assert history_checked(db_dsn) == 5000
+    assert {tuple(events(h)) for h in histories_at(db_dsn).values()} == {("claimed", "sent")}
 
 
 def test_killed_workers_duplicate_only_what_they_held_with_the_same_message_id(
@@ -80,6 +85,7 @@ def test_killed_workers_duplicate_only_what_they_held_with_the_same_message_id(
         worker_processes.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
     chooser = random.Random(3)
     held_at_kill: list[set[str]] = []
+    leases_at_kill: list[tuple[str, dict[int, uuid.UUID]]] = []
     for fraction in (0.25, 0.5, 0.75):
         wait_until(lambda: sink.delivered >= 5000 * fraction, 120, lambda: sink.delivered)  # noqa: B023
         victim = chooser.choice([w for w in worker_processes.started if w.process.poll() is None])
@@ -87,6 +93,7 @@ def test_killed_workers_duplicate_only_what_they_held_with_the_same_message_id(
         # it holds now is all it can have sent without recording it.
         victim.process.send_signal(signal.SIGSTOP)
         held_at_kill.append(held_by(db_dsn, victim.name))
+        leases_at_kill.append((victim.name, leases_held_by(db_dsn, victim.name)))
         victim.process.send_signal(signal.SIGKILL)
         victim.process.wait(timeout=10)
         worker_processes.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
@@ -103,6 +110,22 @@ def test_killed_workers_duplicate_only_what_they_held_with_the_same_message_id(
         explained = sum(key in held for held in held_at_kill) + lost.count(key)
         assert len(copies) - 1 <= explained, key
     assert extra <= sum(sizes) + len(lost)
+    # The history tells each killed worker's rows as they went: its lease expired, another
+    # worker claimed the row, and that one (or a later one) sent it.
+    assert history_checked(db_dsn) == 5000
+    written = histories_at(db_dsn)
+    victims = {name for name, _ in leases_at_kill}
+    for killed, leases in leases_at_kill:
+        for outbox_id, token in leases.items():
+            after = after_lease(written[outbox_id], token)
+            if after[0].event == "sent":  # its statement was on its way when it froze
+                assert after[0].worker_id == killed, after
+                continue
+            assert (after[0].event, after[0].worker_id) == ("lease_expired", killed)
+            assert after[1].event == "claimed", after
+            assert after[1].worker_id != killed, after
+            [sent] = [e for e in after if e.event == "sent"]
+            assert sent.worker_id not in victims, after
 
 
 def keys_of(dsn: str, ids: list[int]) -> list[str]:
@@ -113,6 +136,30 @@ def keys_of(dsn: str, ids: list[int]) -> list[str]:
         ).fetchall()
     key: dict[int, str] = {int(i): str(k) for i, k in found}
     return [key[i] for i in ids]
+
+
+def leases_held_by(dsn: str, worker: str) -> dict[int, uuid.UUID]:
+    """The rows `worker` holds under a lease, with the lease's token."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT id, lease_token FROM leasebox.outbox WHERE status = 'processing'"
+            " AND leased_by = %s",
+            (worker,),
+        ).fetchall()
+    return {int(outbox_id): token for outbox_id, token in rows}
+
+
+def after_lease(history: list[Event], token: uuid.UUID) -> list[Event]:
+    """What a message's history says from the end of one lease on, late lease losses aside."""
+    ended = next(e for e in history if e.lease_token == token and e.event != "claimed")
+    rest = history[history.index(ended) :]
+    return [e for e in rest if e.event != "lease_lost" or e is ended]
+
+
+def history_checked(dsn: str) -> int:
+    """Check every message's history against the state diagram and its row; how many."""
+    with psycopg.connect(dsn) as conn:
+        return check_histories(conn)
 
 
 def held_by(dsn: str, worker: str) -> set[str]:
@@ -161,6 +208,9 @@ def test_transient_failures_are_retried_to_delivery_and_a_rejection_dead_letters
             (rejected_key,),
         ).fetchone()
     assert row == ("dead", "rejected", 1, "smtp_550")
+    assert history_checked(db_dsn) == 1001
+    retried = sum(events(h).count("retry") for h in histories_at(db_dsn).values())
+    assert retried == sink.transient_failures
 
 
 @pytest.mark.embedded_only
@@ -195,6 +245,7 @@ def test_workers_reconnect_after_a_database_restart_and_lose_nothing(
     # The outage reached the workers (a worker whose connections were all idle may notice it
     # only as a silent pool reconnect), and they survived it: `stop_all` saw exit code 0.
     assert any("AdminShutdown" in log for log in logs)
+    assert history_checked(dsn) == 2000
 
 
 def _safe(dsn: str) -> object:
@@ -236,6 +287,25 @@ def test_a_worker_stalled_past_its_lease_cannot_settle_the_row_and_counts_the_lo
     assert row == ("w2", 2, derived_message_id(key))
     assert sink.copies[key] == [derived_message_id(key)] * 2
     assert second.log().count('"lease lost') == 0
+    # The history: the first lease ran out and was taken back, the second worker claimed and
+    # sent the row, and the stalled one's late acceptance is kept as a lost lease, with the
+    # provider's id of the second copy it made.
+    [history] = histories_at(db_dsn).values()
+    assert [(e.event, e.worker_id) for e in history] == [
+        ("claimed", "w1"),
+        ("lease_expired", "w1"),
+        ("claimed", "w2"),
+        ("lease_lost", "w1"),
+        ("sent", "w2"),
+    ]
+    first_lease, _, second_lease, late, done = history
+    assert late.lease_token == first_lease.lease_token != second_lease.lease_token
+    assert (late.attempt, late.provider_message_id) == (1, derived_message_id(key))
+    assert (done.lease_token, done.provider_message_id) == (
+        second_lease.lease_token,
+        derived_message_id(key),
+    )
+    assert history_checked(db_dsn) == 1
 
 
 def lease_of(dsn: str) -> tuple[str, str] | None:
@@ -278,6 +348,10 @@ def test_sigterm_during_a_burst_finishes_sends_and_releases_the_rest_at_once(
     assert statuses(db_dsn) == {"sent": 40}
     assert_each_delivered_with_its_own_message_id(sink, keys)
     assert report("SIGTERM during a burst", sink) == 0
+    assert history_checked(db_dsn) == 40
+    told = Counter(tuple(events(h)) for h in histories_at(db_dsn).values())
+    released = ("claimed", "released", "claimed", "sent")
+    assert told == {("claimed", "sent"): 36, released: 4}
 
 
 def test_a_provider_outage_is_retried_and_reported_by_readiness(

@@ -6,8 +6,9 @@ a `Worker` with a real provider and a real pool until every row is final, and th
 `judge` what the server took per delivery key. `judge` asserts what must hold whatever the
 fault: nothing lost, every sent row taken at least once, never two copies within one attempt
 (each copy carries its attempt number), duplicates only where the scenario allows them, no
-code in any log line, metric, stored error or readiness answer. The verdict (copies per
-message, final states) goes into the table the suite prints at the end.
+code in any log line, metric, stored error or readiness answer, and each message's attempt
+history a walk of the state diagram that ends where its row is (`support.history`). The
+verdict (copies per message, final states) goes into the table the suite prints at the end.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.runtime.worker import Worker, database_clock
+from support.history import check_histories
 
 SETTINGS = WorkerSettings(
     kinds=("otp",),
@@ -205,6 +207,7 @@ def judge(
     """
     found = rows(conn)
     assert set(found) == set(seeded.keys), "rows appeared or vanished"
+    assert check_histories(conn) == len(found)  # each row's history is a walk to where it is
     copies: Counter[int] = Counter()
     states: Counter[str] = Counter()
     for key in seeded.keys:

@@ -9,7 +9,7 @@ import pytest
 
 from leasebox.db import queries
 from leasebox.db.queries import CORE, NOTIFY_CHANNEL, SqlFile, named_queries, query, read_sql_file
-from leasebox.states import DeadReason, Status
+from leasebox.states import DeadReason, Event, Status
 
 QUERIES_TEXT = read_sql_file("queries.sql")
 
@@ -23,9 +23,45 @@ def test_the_status_enum_is_the_schemas_check_constraint() -> None:
 
 def test_every_status_the_queries_name_is_a_status() -> None:
     named = set(re.findall(r"status\s*(?:=|IN \()\s*'([a-z_]+)'", QUERIES_TEXT))
-    named |= set(re.findall(r"THEN '([a-z_]+)' ELSE '([a-z_]+)'", QUERIES_TEXT)[0])
+    cases = re.findall(
+        r"status = CASE WHEN [^\n]*\s+THEN '([a-z_]+)' ELSE '([a-z_]+)'", QUERIES_TEXT
+    )
+    assert cases
+    named |= {value for case in cases for value in case}
     assert named
     assert named <= {s.value for s in Status}
+
+
+def _history_events_allowed() -> set[str]:
+    schema = read_sql_file("schema.sql")
+    allowed = re.search(r"CHECK \(event IN \(([^)]*)\)\)", schema)
+    assert allowed is not None
+    return set(re.findall(r"'([a-z_]+)'", allowed.group(1)))
+
+
+def test_every_history_event_the_schema_allows_is_written_and_nothing_else() -> None:
+    inserts = re.findall(
+        r"INSERT INTO \{schema\}\.history.*?\n\s*SELECT ([^\n]*)", QUERIES_TEXT, re.S
+    )
+    written: set[str] = set()
+    for select in inserts:
+        written |= set(re.findall(r"'([a-z_]+)'", select))
+    assert written == _history_events_allowed()
+
+
+def test_the_event_enum_is_the_history_tables_check_constraint() -> None:
+    assert _history_events_allowed() == {e.value for e in Event}
+
+
+def test_every_statement_that_changes_a_row_writes_its_history() -> None:
+    changes = {
+        named.name
+        for named in named_queries(CORE).values()
+        if re.search(r"UPDATE \{schema\}\.outbox|DELETE FROM \{schema\}\.outbox", named.text)
+    }
+    untold = {"extend_leases"}  # an extension is not an event: the lease goes on
+    for name in changes - untold:
+        assert "{schema}.history" in named_queries(CORE)[name].text, name
 
 
 def test_every_dead_reason_the_queries_write_is_a_dead_reason() -> None:

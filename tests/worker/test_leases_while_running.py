@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from leasebox.store import claiming, settling, sweeps
 from leasebox.store.settling import Sent
+from support.history import history_of
 from support.running_worker import SETTINGS, log_records, make_worker, running
 from support.worker_doubles import Insert, ManualClock, ScriptedProvider, eventually, row_of
 
@@ -57,6 +58,19 @@ async def test_a_worker_stalled_past_its_lease_cannot_settle_the_row_another_wor
         assert list(done) == [outbox_id]
     assert row_of(db_conn, outbox_id)["provider_message_id"] == "from-b"
     assert worker.metrics.value("leasebox_sent_total", {"kind": "otp"}) == 0
+    # The history keeps what A learnt too late: the provider took a copy from it.
+    a = worker.settings.worker_id
+    history = history_of(db_conn, outbox_id)
+    assert [(e.event, e.worker_id) for e in history] == [
+        ("claimed", a),
+        ("lease_expired", a),
+        ("claimed", "worker-b"),
+        ("lease_lost", a),
+        ("sent", "worker-b"),
+    ]
+    delivery_key = row_of(db_conn, outbox_id)["delivery_key"]
+    assert history[3].provider_message_id == f"scripted-{delivery_key}"
+    assert history[3].lease_token == history[0].lease_token
 
 
 async def test_a_queued_row_whose_lease_was_lost_is_released_not_sent(

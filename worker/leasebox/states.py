@@ -1,4 +1,4 @@
-"""The states of an outbox row and the reasons a row becomes a dead letter.
+"""The states of an outbox row, the reasons a row becomes a dead letter, and the history's events.
 
 The SQL writes these values as literals (`status = 'pending'`); Python names them here, and
 a test checks that both agree with the schema's CHECK constraint and with every literal the
@@ -53,3 +53,22 @@ class DeadReason(StrEnum):
 
     EXPIRED = "expired"
     """Its `expires_at` passed before it could be written to the wire: never sent late."""
+
+
+class Event(StrEnum):
+    """What happened to a row, one `history` row each; the history's `event` column.
+
+    A claim and the event that ended its lease share a `lease_token`; `lease_lost` is the
+    report of a worker that settled after its lease had ended, and `expired` and `requeued`
+    are the transitions outside any lease."""
+
+    CLAIMED = "claimed"
+    SENT = "sent"
+    RETRY = "retry"
+    AMBIGUOUS = "ambiguous"
+    DEAD = "dead"
+    RELEASED = "released"
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_LOST = "lease_lost"
+    EXPIRED = "expired"
+    REQUEUED = "requeued"

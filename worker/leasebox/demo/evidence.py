@@ -4,12 +4,15 @@ The clients know which challenges the API confirmed, the outbox knows what it di
 row, and the SMTP server knows what it received. None of them is trusted alone: the verdict
 in `demo_report` compares them. This module only reads them into plain values, and checks
 that every delivered code matches the hash its challenge stored, which shows that a secret
-encrypted at rest in the outbox reached the user intact.
+encrypted at rest in the outbox reached the user intact. For each message the server got
+more than once it reads the row's attempt history and tells its story the way `leasebox
+trace` does, so that the verdict explains a duplicate from what the workers recorded.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,11 +24,16 @@ from leasebox.demo.report import (
     ApiStats,
     Copy,
     Evidence,
+    HistoryAccount,
     Kill,
     OutboxRow,
     ScalingEvent,
 )
 from leasebox.demo.scenario import REJECTED_ADDRESS, ClientRecord
+from leasebox.inspection.narrative import chronicle
+from leasebox.inspection.trace import SendStory, build_story
+from leasebox.states import Event
+from leasebox.store.history import read_traces_async
 from leasebox.testing.smtp_sink import ReceivedMessage, SmtpSink
 
 _CODE_LINE = re.compile(r"^\s+(\d{4,12})\s*$", re.MULTILINE)
@@ -39,7 +47,6 @@ class EvidenceLog:
 
     kills: list[Kill] = field(default_factory=list)
     scaling: list[ScalingEvent] = field(default_factory=list)
-    lease_lost_ids: set[int] = field(default_factory=set)
     unfinished: int = -1  # rows pending or processing at the last look; -1 before the first
 
 
@@ -67,6 +74,39 @@ def check_codes(
     return checked, mismatched
 
 
+def history_account(send: SendStory) -> HistoryAccount:
+    """The copies a row's history accounts for, and its life in the trace's words."""
+    attempts = send.attempts
+    return HistoryAccount(
+        sent=sum(1 for a in attempts if a.outcome == Event.SENT),
+        late_accepted=sum(1 for a in attempts if a.late is not None and a.late.accepted),
+        vanished=tuple(a.worker_id or "?" for a in attempts if a.vanished),
+        ambiguous=sum(1 for a in attempts if a.outcome == Event.AMBIGUOUS),
+        story=chronicle(send),
+    )
+
+
+async def duplicate_histories(
+    conn: psycopg.AsyncConnection[Any],
+    rows: list[OutboxRow],
+    copies: list[ReceivedMessage],
+    schema: str,
+) -> dict[int, HistoryAccount]:
+    """The history accounts of the rows the server received more than once."""
+    counts = Counter(copy.delivery_key for copy in copies if copy.delivery_key)
+    ids = [row.id for row in rows if counts[row.delivery_key] > 1]
+    records = await read_traces_async(conn, ids, schema=schema)
+    stories = (
+        build_story(
+            row,
+            [r for r in records.receipts if r.outbox_id == row.id],
+            [e for e in records.events if e.outbox_id == row.id],
+        )
+        for row in records.rows
+    )
+    return {story.outbox_id: history_account(story) for story in stories}
+
+
 async def gather_evidence(
     conn: psycopg.AsyncConnection[Any],
     log: EvidenceLog,
@@ -88,12 +128,13 @@ async def gather_evidence(
         received, {cid: h for cid, (_, h) in challenges.items()}, api.pepper
     )
     accepted = {cid: challenges.get(cid, (-1, ""))[0] for cid in record.challenges}
+    histories = await duplicate_histories(conn, rows, received, outbox_schema)
     return Evidence(
         accepted=accepted,
         rows=rows,
         copies=[Copy(m.delivery_key or m.message_id, m.message_id) for m in received],
         kills=list(log.kills),
-        lease_lost_ids=frozenset(log.lease_lost_ids),
+        histories=histories,
         lease_lost_reported=int(totals["lease_lost"]),
         retries=int(totals["retries"]),
         transient_rejections=sink.transient_rejections,

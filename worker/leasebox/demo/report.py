@@ -8,7 +8,10 @@ exit code are unit-tested on crafted evidence, including evidence of a broken gu
 The guarantee checked is the one leasebox states: every accepted send is delivered (or
 dead-lettered because the provider rejected it for good), and a duplicate exists only where
 a worker was killed or lost its lease while holding that message, at most one extra copy per
-such event, always under the first copy's Message-ID.
+such event, always under the first copy's Message-ID. Each duplicate is explained from the
+row's attempt history (what `leasebox trace` reads), not from the demo's own notes of whom
+it killed: a lease that ran out with its holder never reporting back (the killed worker), or
+a send accepted after its worker lost the lease.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any
 
 CAUSE_KILLED = "worker killed mid-send"
 CAUSE_LEASE_LOST = "lease lost"
+CAUSE_AMBIGUOUS = "ambiguous send"
 CAUSE_UNEXPLAINED = "unexplained"
+MAX_DUPLICATES_SHOWN = 5
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,38 @@ class Kill:
 
 
 @dataclass(frozen=True)
+class HistoryAccount:
+    """What a row's attempt history says about the copies the provider may hold.
+
+    sent: sends recorded by the lease holder (one for a sent row); late_accepted: sends
+    accepted after their worker had lost the lease (`lease_lost` with a provider message id);
+    vanished: workers whose lease ran out and who never reported back (killed); ambiguous:
+    attempts whose outcome the provider left unknown; story: the trace's words for it.
+    """
+
+    sent: int = 0
+    late_accepted: int = 0
+    vanished: tuple[str, ...] = ()
+    ambiguous: int = 0
+    story: str = ""
+
+    @property
+    def extra_explained(self) -> int:
+        """How many copies beyond the first the history accounts for."""
+        return max(0, self.sent + self.late_accepted + len(self.vanished) + self.ambiguous - 1)
+
+    def cause(self, extra: int) -> str:
+        """Why `extra` copies beyond the first arrived, or unexplained."""
+        if extra > self.extra_explained:
+            return CAUSE_UNEXPLAINED
+        if self.late_accepted:
+            return CAUSE_LEASE_LOST
+        if self.vanished:
+            return CAUSE_KILLED
+        return CAUSE_AMBIGUOUS if self.ambiguous else CAUSE_UNEXPLAINED
+
+
+@dataclass(frozen=True)
 class ScalingEvent:
     at_seconds: float
     previous: int
@@ -78,7 +115,7 @@ class Evidence:
     rows: Sequence[OutboxRow]
     copies: Sequence[Copy]
     kills: Sequence[Kill]
-    lease_lost_ids: frozenset[int]
+    histories: Mapping[int, HistoryAccount]
     lease_lost_reported: int
     retries: int
     transient_rejections: int
@@ -97,6 +134,8 @@ class Duplicate:
     copies: int
     message_ids: tuple[str, ...]
     cause: str
+    story: str = ""
+    vanished: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,15 +193,6 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[rank - 1]
 
 
-def _cause(outbox_id: int, extra: int, evidence: Evidence) -> str:
-    events = sum(1 for kill in evidence.kills if outbox_id in kill.leased_ids)
-    if events and extra <= events:
-        return CAUSE_KILLED
-    if outbox_id in evidence.lease_lost_ids and extra <= events + 1:
-        return CAUSE_LEASE_LOST
-    return CAUSE_UNEXPLAINED
-
-
 def summarise(evidence: Evidence) -> Summary:
     """Fold the evidence into the figures the report shows and the verdict judges."""
     by_key: dict[str, list[Copy]] = {}
@@ -171,18 +201,22 @@ def summarise(evidence: Evidence) -> Summary:
     rows_by_id = {row.id: row for row in evidence.rows}
     delivered_ids = {row.id for row in evidence.rows if row.delivery_key in by_key}
     duplicates: list[Duplicate] = []
-    reported_left = evidence.lease_lost_reported
     for row in evidence.rows:
         copies = by_key.get(row.delivery_key, [])
         if len(copies) < 2:
             continue
-        extra = len(copies) - 1
-        cause = _cause(row.id, extra, evidence)
-        if cause == CAUSE_UNEXPLAINED and 0 < extra <= reported_left:
-            # A lease loss a worker reported that the demo's one-second watch did not see.
-            cause, reported_left = CAUSE_LEASE_LOST, reported_left - extra
+        account = evidence.histories.get(row.id, HistoryAccount())
         message_ids = tuple(dict.fromkeys(c.message_id for c in copies))
-        duplicates.append(Duplicate(row.id, len(copies), message_ids, cause))
+        duplicates.append(
+            Duplicate(
+                row.id,
+                len(copies),
+                message_ids,
+                account.cause(len(copies) - 1),
+                account.story,
+                account.vanished,
+            )
+        )
     dead = [(row.id, row.dead_reason or "") for row in evidence.rows if row.status == "dead"]
     expected = evidence.expected_dead_recipients
     unexpected_dead = tuple(
@@ -266,8 +300,8 @@ def verdict(summary: Summary) -> list[str]:
     unexplained = [d.outbox_id for d in summary.duplicates if d.cause == CAUSE_UNEXPLAINED]
     if unexplained:
         reasons.append(
-            f"{len(unexplained)} duplicate(s) without a crash or lease loss behind them: "
-            f"outbox id(s) {_ids(unexplained)}"
+            f"{len(unexplained)} duplicate(s) without a crash or lease loss in their attempt "
+            f"history: outbox id(s) {_ids(unexplained)}"
         )
     mixed = [d.outbox_id for d in summary.duplicates if len(d.message_ids) > 1]
     if mixed:
@@ -362,12 +396,23 @@ def render(summary: Summary) -> str:
     for label, value, note in rows:
         lines.append(f"  {label.ljust(width)}  {value.rjust(7)}  {note}".rstrip())
     for kill in summary.kills:
-        caused = sum(d.copies - 1 for d in summary.duplicates if d.outbox_id in kill.leased_ids)
+        caused = sum(d.copies - 1 for d in summary.duplicates if kill.worker_id in d.vanished)
         lines.append(
             f"  killed {kill.worker_id} at t={kill.at_seconds:.1f}s holding "
-            f"{len(kill.leased_ids)} lease(s): {caused} of them reached the server before the "
-            "kill and were sent again after the lease expired, under the same Message-ID"
+            f"{len(kill.leased_ids)} lease(s): by the attempt history, {caused} of them reached "
+            "the server before the kill and were sent again after the lease ran out, under the "
+            "same Message-ID"
         )
+    if summary.duplicates:
+        lines += ["", "Duplicates, from the attempt history (`leasebox trace --id N`)"]
+        for duplicate in summary.duplicates[:MAX_DUPLICATES_SHOWN]:
+            lines.append(
+                f"  outbox id {duplicate.outbox_id}, {duplicate.copies} copies, "
+                f"{duplicate.cause}: {duplicate.story or 'no attempt history'}"
+            )
+        hidden = len(summary.duplicates) - MAX_DUPLICATES_SHOWN
+        if hidden > 0:
+            lines.append(f"  and {hidden} more")
     lines += ["", "Scaling decisions (the operator's policy on live backlog figures)"]
     for event in summary.scaling:
         lines.append(
@@ -383,6 +428,7 @@ def render(summary: Summary) -> str:
     else:
         lines.append(
             "Guarantees held: every accepted send was delivered or dead-lettered by a permanent "
-            "rejection, and every duplicate has a killed worker or a lost lease behind it."
+            "rejection, and every duplicate has a killed worker or a lost lease behind it in "
+            "its attempt history."
         )
     return "\n".join(lines)

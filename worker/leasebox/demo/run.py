@@ -132,11 +132,6 @@ class _Run:
         pool.desired = decision.replicas
         for line in await pool.reconcile():
             self.display.event(self.elapsed(), line)
-        cur = await conn.execute(query("expired_leases", SCHEMA, DEMO_SQL))
-        killed = {k.worker_id for k in self.log.kills}
-        for outbox_id, leased_by in await cur.fetchall():
-            if leased_by not in killed:
-                self.log.lease_lost_ids.add(int(outbox_id))
         cur = await conn.execute(query("progress", SCHEMA, DEMO_SQL))
         sent, dead, unfinished = await cur.fetchone() or (0, 0, 0)
         self.log.unfinished = int(unfinished)

@@ -66,34 +66,40 @@ def _actions(outcomes: Sequence[Outcome], kind: type[_A]) -> list[_A]:
 
 # The rows of a batch whose lease still matched, by id (with their latency for `sent`).
 _Matched = Mapping[int, float | None]
-_Writer = Callable[[Connection, Sequence[Outcome], str, datetime | None], Awaitable[_Matched]]
+# Each writer gets the connection, the outcomes, the schema, `now` and this worker's id.
+_Writer = Callable[
+    [Connection, Sequence[Outcome], str, datetime | None, str | None], Awaitable[_Matched]
+]
 
 
 async def _write_sent(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None
+    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
-    return await settling.mark_sent(conn, _actions(outcomes, Sent), schema=schema, now=now)
+    sent = _actions(outcomes, Sent)
+    return await settling.mark_sent(conn, sent, schema=schema, now=now, worker_id=me)
 
 
 async def _write_retries(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None
+    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
     retries = _actions(outcomes, Retry)
-    return dict.fromkeys(await settling.schedule_retry(conn, retries, schema=schema, now=now))
+    ids = await settling.schedule_retry(conn, retries, schema=schema, now=now, worker_id=me)
+    return dict.fromkeys(ids)
 
 
 async def _write_dead(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None
+    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
     dead = _actions(outcomes, Dead)
-    return dict.fromkeys(await settling.mark_dead(conn, dead, schema=schema, now=now))
+    return dict.fromkeys(await settling.mark_dead(conn, dead, schema=schema, now=now, worker_id=me))
 
 
 async def _write_releases(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None
+    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
     leases = [o.lease for o in outcomes]
-    return dict.fromkeys(await settling.release_leases(conn, leases, schema=schema, now=now))
+    ids = await settling.release_leases(conn, leases, schema=schema, now=now, worker_id=me)
+    return dict.fromkeys(ids)
 
 
 # One statement per kind of outcome, written in this order.
@@ -118,9 +124,11 @@ class CompletionBatcher:
         on_settled: Callable[[int], None],
         lease_deadline: Callable[[int], float | None] = lambda _: None,
         statement_timeout: float = 30.0,
+        worker_id: str | None = None,
     ) -> None:
         """`lease_deadline(id)` is the monotonic time the row's lease runs out (None: unknown,
-        which counts as run out when closing)."""
+        which counts as run out when closing); `worker_id` names this worker in the history's
+        `lease_lost` rows."""
         self._pool = pool
         self._metrics = metrics
         self._schema = schema
@@ -128,6 +136,7 @@ class CompletionBatcher:
         self._on_settled = on_settled
         self._lease_deadline = lease_deadline
         self._timeout = statement_timeout
+        self._worker_id = worker_id
         self._queue: list[Outcome] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
@@ -285,7 +294,10 @@ class CompletionBatcher:
         self._metrics.flush()
         async with self._pool.connection() as conn:
             for kind in [k for k in _WRITERS if k in groups]:
-                matched = await _WRITERS[kind](conn, groups[kind], self._schema, self._clock())
+                write = _WRITERS[kind]
+                matched = await write(
+                    conn, groups[kind], self._schema, self._clock(), self._worker_id
+                )
                 outcomes = groups.pop(kind)
                 if kind is Sent:
                     self._sent(outcomes, matched)

@@ -115,6 +115,7 @@ class Worker:
             on_settled=self._settled,
             lease_deadline=self._lease_deadline,
             statement_timeout=STATEMENT_TIMEOUT,
+            worker_id=settings.worker_id,
         )
         self.database_problem: str | None = None
         self.failed = False

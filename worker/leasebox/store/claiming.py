@@ -4,7 +4,9 @@ A claim is one statement on an autocommit connection: it picks ready rows of the
 kinds (`FOR UPDATE SKIP LOCKED`, oldest availability first), marks them `processing` with
 a fresh lease token and counts the attempt, and commits before the caller sends anything,
 so no lock outlives the statement. The token is what every later statement about the row
-must match (`settling`), so a worker that lost its lease can no longer touch the row.
+must match (`settling`), so a worker that lost its lease can no longer touch the row. The
+statement also writes each claim to the attempt history (`claimed`: the attempt, the token,
+the worker, when the lease runs out), at no extra round trip.
 
 `now` is None in production (the database's clock, shared by all workers); tests pass a
 datetime to move time without sleeping.

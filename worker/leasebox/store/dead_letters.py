@@ -3,7 +3,8 @@
 A dead letter waits for a decision (fix the template or the address and requeue, or purge).
 Everything here is synchronous and works in bounded batches, each its own short
 transaction, so that it can run beside busy workers without holding locks for long. Rows
-are read by name, never by position.
+are read by name, never by position. A requeue writes a `requeued` row to the attempt
+history; a purge deletes the rows' history with them, in the same statement.
 """
 
 from __future__ import annotations

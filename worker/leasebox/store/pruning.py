@@ -5,9 +5,10 @@ Each batch is its own short transaction, so pruning runs beside busy workers.
 
 History is also what makes a retried request the same send: a live receipt, or a row with an
 explicit delivery key. So a sent row that a live receipt references is never pruned (and a
-row that goes takes its receipts with it, by the foreign key), and a retention shorter than
-the producers' receipt TTL is refused unless the caller says it knows: a request retried
-after its row was pruned is a new request, and sends again.
+row that goes takes its receipts with it, by the foreign key, and its attempt history, by
+the same statement), and a retention shorter than the producers' receipt TTL is refused
+unless the caller says it knows: a request retried after its row was pruned is a new
+request, and sends again.
 """
 
 from __future__ import annotations

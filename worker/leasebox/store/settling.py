@@ -5,6 +5,11 @@ on its lease token and `status = 'processing'`. It returns the ids that matched;
 missing from the answer is a lease the caller no longer owns (it stalled past the lease and
 another worker reclaimed the row), which the caller counts as lost and never retries.
 
+The same statement writes the attempt history: one row per settled row (`sent`, `retry` or
+`ambiguous`, `dead`, `released`), and a `lease_lost` row, in the name of `worker_id`, for
+each row whose lease the caller no longer held, with what it learnt (the provider's id of a
+second copy the provider took, or the error). No extra round trip.
+
 `now` is None in production (the database's clock); tests pass a datetime.
 """
 
@@ -65,6 +70,7 @@ async def mark_sent(
     *,
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
+    worker_id: str | None = None,
 ) -> dict[int, float]:
     """Mark rows sent; returns id -> seconds from creation to sent for the rows still owned."""
     if not items:
@@ -74,6 +80,7 @@ async def mark_sent(
         "tokens": [item.lease.token for item in items],
         "provider_message_ids": [item.provider_message_id for item in items],
         "now": now,
+        "worker_id": worker_id,
     }
     async with conn.cursor() as cur:
         await cur.execute(query("mark_sent", schema), params)
@@ -86,6 +93,7 @@ async def schedule_retry(
     *,
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
+    worker_id: str | None = None,
 ) -> set[int]:
     """Return rows to `pending`, ready again after their delay; returns the ids still owned."""
     if not items:
@@ -97,6 +105,7 @@ async def schedule_retry(
         "errors": [item.error for item in items],
         "error_classes": [item.error_class for item in items],
         "now": now,
+        "worker_id": worker_id,
     }
     return await _ids(conn, "schedule_retry", schema, params)
 
@@ -107,6 +116,7 @@ async def mark_dead(
     *,
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
+    worker_id: str | None = None,
 ) -> set[int]:
     """Dead-letter rows with a reason; returns the ids still owned."""
     if not items:
@@ -118,6 +128,7 @@ async def mark_dead(
         "errors": [item.error for item in items],
         "error_classes": [item.error_class for item in items],
         "now": now,
+        "worker_id": worker_id,
     }
     return await _ids(conn, "mark_dead", schema, params)
 
@@ -128,6 +139,7 @@ async def release_leases(
     *,
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
+    worker_id: str | None = None,
 ) -> set[int]:
     """Give rows back unsent, ready at once, with the claim's attempt undone."""
     if not leases:
@@ -136,6 +148,7 @@ async def release_leases(
         "ids": [lease.id for lease in leases],
         "tokens": [lease.token for lease in leases],
         "now": now,
+        "worker_id": worker_id,
     }
     return await _ids(conn, "release_leases", schema, params)
 

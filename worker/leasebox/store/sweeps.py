@@ -5,7 +5,9 @@ other worker's sweep takes them back (`pending`, or `dead` once out of attempts,
 attempts are counted at claim and a message that kills its worker every time must end). An
 OTP still pending past its `expires_at` becomes a dead letter (`expired`): never sent late.
 Both statements work in bounded batches with `SKIP LOCKED`, so sweepers never queue up
-behind each other.
+behind each other, and each writes its rows' history as it changes them: `lease_expired`
+(the lease that ran out, its holder and when, and `attempts_exhausted` when the row died)
+and `expired`.
 """
 
 from __future__ import annotations

@@ -284,6 +284,7 @@ ORDER BY kind;
 -- name: claim
 -- Lease up to a batch of ready, unexpired rows of some kinds, oldest availability first.
 -- An OTP past its expiry is never claimed (no attempt spent on it): the sweep dead-letters it.
+-- Each claim is written to the history (`claimed`) by the same statement.
 WITH candidates AS (
     SELECT c.id
     FROM unnest(%(kinds)s::text[]) AS k(kind)
@@ -315,6 +316,13 @@ claimed AS (
     RETURNING o.id, o.kind, o.aggregate_id, o.recipient, o.template, o.data, o.secrets,
               o.delivery_key, o.attempts, o.max_attempts, o.expires_at, o.lease_token,
               o.lease_expires_at, o.created_at, o.available_at
+),
+logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, lease_expires_at)
+    SELECT id, 'claimed', coalesce(%(now)s::timestamptz, now()), attempts, lease_token,
+           %(worker_id)s, lease_expires_at
+    FROM claimed
 )
 -- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen.
 SELECT id, kind, aggregate_id, recipient, template, data, secrets, delivery_key, attempts,
@@ -324,52 +332,137 @@ FROM claimed
 ORDER BY available_at, id;
 
 -- name: mark_sent
--- Settle sent rows whose lease token still matches; returns their latency.
-UPDATE {schema}.outbox AS o
-SET status = 'sent',
-    sent_at = coalesce(%(now)s::timestamptz, now()),
-    provider_message_id = d.provider_message_id,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    last_error = NULL,
-    last_error_class = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(provider_message_ids)s::text[])
-    AS d(id, token, provider_message_id)
-WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-RETURNING o.id, o.sent_at - o.created_at AS latency;
+-- Settle sent rows whose lease token still matches, with their history; returns their latency.
+-- The four settling statements share one shape: `d` is the batch as the worker sends it,
+-- `settled` the rows whose lease token still matches, `logged` their history rows, and
+-- `lost` a `lease_lost` row for each of the others (a lease this worker, `worker_id`, no
+-- longer held): what it learnt, so that a late provider id or error is not forgotten. The
+-- attempt of a lost lease is the one its claim recorded; a row deleted meanwhile gets none.
+WITH d AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(provider_message_ids)s::text[])
+        AS d(id, token, provider_message_id)
+),
+settled AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'sent',
+        sent_at = coalesce(%(now)s::timestamptz, now()),
+        provider_message_id = d.provider_message_id,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        last_error = NULL,
+        last_error_class = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+    RETURNING o.id, o.sent_at - o.created_at AS latency, o.attempts, o.leased_by, d.token,
+              d.provider_message_id
+),
+logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, provider_message_id)
+    SELECT id, 'sent', coalesce(%(now)s::timestamptz, now()), attempts, token, leased_by,
+           provider_message_id
+    FROM settled
+),
+lost AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, provider_message_id)
+    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
+           %(worker_id)s, d.provider_message_id
+    FROM d
+    JOIN {schema}.outbox AS o ON o.id = d.id
+    LEFT JOIN {schema}.history AS c
+        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
+    WHERE d.id NOT IN (SELECT id FROM settled)
+)
+SELECT id, latency FROM settled;
 
 -- name: schedule_retry
--- Return rows whose lease still matches to pending, ready after their delay.
-UPDATE {schema}.outbox AS o
-SET status = 'pending',
-    available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => d.delay),
-    last_error = d.error,
-    last_error_class = d.error_class,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[], %(errors)s::text[],
-            %(error_classes)s::text[])
-    AS d(id, token, delay, error, error_class)
-WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-RETURNING o.id;
+-- Return rows whose lease still matches to pending, ready after their delay, with their history.
+-- The history says `ambiguous` rather than `retry` when the provider may have taken the message.
+WITH d AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[],
+                %(errors)s::text[], %(error_classes)s::text[])
+        AS d(id, token, delay, error, error_class)
+),
+settled AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'pending',
+        available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => d.delay),
+        last_error = d.error,
+        last_error_class = d.error_class,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+    RETURNING o.id, o.attempts, o.leased_by, d.token, d.delay, d.error, d.error_class
+),
+logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, retry_delay_seconds,
+         error_class, error)
+    SELECT id, CASE error_class WHEN 'ambiguous' THEN 'ambiguous' ELSE 'retry' END,
+           coalesce(%(now)s::timestamptz, now()), attempts, token, leased_by, delay,
+           error_class, error
+    FROM settled
+),
+lost AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, error_class, error)
+    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
+           %(worker_id)s, d.error_class, d.error
+    FROM d
+    JOIN {schema}.outbox AS o ON o.id = d.id
+    LEFT JOIN {schema}.history AS c
+        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
+    WHERE d.id NOT IN (SELECT id FROM settled)
+)
+SELECT id FROM settled;
 
 -- name: mark_dead
--- Dead-letter rows whose lease still matches, with a reason.
-UPDATE {schema}.outbox AS o
-SET status = 'dead',
-    dead_reason = d.reason,
-    last_error = d.error,
-    last_error_class = d.error_class,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(reasons)s::text[], %(errors)s::text[],
-            %(error_classes)s::text[])
-    AS d(id, token, reason, error, error_class)
-WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-RETURNING o.id;
+-- Dead-letter rows whose lease still matches, with a reason and their history.
+WITH d AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(reasons)s::text[],
+                %(errors)s::text[], %(error_classes)s::text[])
+        AS d(id, token, reason, error, error_class)
+),
+settled AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'dead',
+        dead_reason = d.reason,
+        last_error = d.error,
+        last_error_class = d.error_class,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+    RETURNING o.id, o.attempts, o.leased_by, d.token, d.reason, d.error, d.error_class
+),
+logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, dead_reason, error_class,
+         error)
+    SELECT id, 'dead', coalesce(%(now)s::timestamptz, now()), attempts, token, leased_by,
+           reason, error_class, error
+    FROM settled
+),
+lost AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, error_class, error)
+    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
+           %(worker_id)s, d.error_class, d.error
+    FROM d
+    JOIN {schema}.outbox AS o ON o.id = d.id
+    LEFT JOIN {schema}.history AS c
+        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
+    WHERE d.id NOT IN (SELECT id FROM settled)
+)
+SELECT id FROM settled;
 
 -- name: extend_leases
 -- Push the expiry of leases still held to now plus the lease length.
@@ -382,46 +475,82 @@ WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
 RETURNING o.id, o.lease_expires_at;
 
 -- name: release_leases
--- Give rows back unsent and ready at once, undoing the claim's attempt.
-UPDATE {schema}.outbox AS o
-SET status = 'pending',
-    available_at = coalesce(%(now)s::timestamptz, now()),
-    attempts = greatest(o.attempts - 1, 0),
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
-WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-RETURNING o.id;
+-- Give rows back unsent and ready at once, undoing the claim's attempt, with their history.
+-- `released` records the attempt given back (a processing row has counted at least one).
+WITH d AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+),
+settled AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'pending',
+        available_at = coalesce(%(now)s::timestamptz, now()),
+        attempts = greatest(o.attempts - 1, 0),
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
+    RETURNING o.id, o.attempts, o.leased_by, d.token
+),
+logged AS (
+    INSERT INTO {schema}.history (outbox_id, event, at, attempt, lease_token, worker_id)
+    SELECT id, 'released', coalesce(%(now)s::timestamptz, now()), attempts + 1, token,
+           leased_by
+    FROM settled
+),
+lost AS (
+    INSERT INTO {schema}.history (outbox_id, event, at, attempt, lease_token, worker_id)
+    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
+           %(worker_id)s
+    FROM d
+    JOIN {schema}.outbox AS o ON o.id = d.id
+    LEFT JOIN {schema}.history AS c
+        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
+    WHERE d.id NOT IN (SELECT id FROM settled)
+)
+SELECT id FROM settled;
 
 -- name: reclaim_expired_leases
--- Take back rows whose lease ran out; out of attempts they become dead.
+-- Take back rows whose lease ran out; out of attempts they become dead. With their history.
+-- `expired` locks each row and reads its lease (token, expiry, holder) before the UPDATE
+-- clears it, so that the history's `lease_expired` row names the lease that ran out.
 WITH expired AS (
-    SELECT id
+    SELECT id, lease_token, lease_expires_at, leased_by
     FROM {schema}.outbox
     WHERE status = 'processing'
       AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+reclaimed AS (
+    UPDATE {schema}.outbox AS o
+    SET status = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+                      THEN 'dead' ELSE 'pending' END,
+        dead_reason = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+                           THEN 'attempts_exhausted' END,
+        available_at = coalesce(%(now)s::timestamptz, now()),
+        last_error = 'lease expired while held by ' || coalesce(o.leased_by, 'unknown worker'),
+        last_error_class = 'lease_expired',
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM expired
+    WHERE o.id = expired.id
+    RETURNING o.id, o.kind, o.status, o.attempts, o.dead_reason, expired.lease_token,
+              expired.lease_expires_at, expired.leased_by
+),
+logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, event, at, attempt, lease_token, worker_id, lease_expires_at, dead_reason)
+    SELECT id, 'lease_expired', coalesce(%(now)s::timestamptz, now()), attempts, lease_token,
+           leased_by, lease_expires_at, dead_reason
+    FROM reclaimed
 )
-UPDATE {schema}.outbox AS o
-SET status = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
-                  THEN 'dead' ELSE 'pending' END,
-    dead_reason = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
-                       THEN 'attempts_exhausted' END,
-    available_at = coalesce(%(now)s::timestamptz, now()),
-    last_error = 'lease expired while held by ' || coalesce(o.leased_by, 'unknown worker'),
-    last_error_class = 'lease_expired',
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM expired
-WHERE o.id = expired.id
-RETURNING o.id, o.kind, o.status;
+SELECT id, kind, status FROM reclaimed;
 
 -- name: dead_letter_expired
--- Dead-letter pending rows past their expires_at (reason expired).
+-- Dead-letter pending rows past their expires_at (reason expired), with their history.
 WITH expired AS (
     SELECT id
     FROM {schema}.outbox
@@ -430,16 +559,24 @@ WITH expired AS (
       AND expires_at < coalesce(%(now)s::timestamptz, now())
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+dead AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'dead',
+        dead_reason = 'expired',
+        last_error = 'expired before it could be sent',
+        last_error_class = 'expired',
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM expired
+    WHERE o.id = expired.id
+    RETURNING o.id, o.kind, o.attempts, o.dead_reason
+),
+logged AS (
+    INSERT INTO {schema}.history (outbox_id, event, at, attempt, dead_reason)
+    SELECT id, 'expired', coalesce(%(now)s::timestamptz, now()), attempts, dead_reason
+    FROM dead
 )
-UPDATE {schema}.outbox AS o
-SET status = 'dead',
-    dead_reason = 'expired',
-    last_error = 'expired before it could be sent',
-    last_error_class = 'expired',
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM expired
-WHERE o.id = expired.id
-RETURNING o.id, o.kind;
+SELECT id, kind FROM dead;
 
 -- fragment: dead_letter_selection
 -- The filters of `leasebox dead-letters`: kinds, reason, age and ids, each optional.
@@ -461,7 +598,7 @@ ORDER BY updated_at, id
 LIMIT %(limit)s;
 
 -- name: requeue_dead_letters
--- Make matching dead letters pending again with a fresh attempt budget.
+-- Make matching dead letters pending again with a fresh attempt budget, with their history.
 WITH chosen AS (
     SELECT id FROM {schema}.outbox
     WHERE
@@ -469,17 +606,24 @@ WITH chosen AS (
     ORDER BY updated_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+requeued AS (
+    UPDATE {schema}.outbox AS o
+    SET status = 'pending',
+        attempts = 0,
+        available_at = now(),
+        dead_reason = NULL,
+        expires_at = CASE WHEN %(clear_expiry)s THEN NULL ELSE o.expires_at END,
+        updated_at = now()
+    FROM chosen
+    WHERE o.id = chosen.id
+    RETURNING o.id
+),
+logged AS (
+    INSERT INTO {schema}.history (outbox_id, event, at)
+    SELECT id, 'requeued', now() FROM requeued
 )
-UPDATE {schema}.outbox AS o
-SET status = 'pending',
-    attempts = 0,
-    available_at = now(),
-    dead_reason = NULL,
-    expires_at = CASE WHEN %(clear_expiry)s THEN NULL ELSE o.expires_at END,
-    updated_at = now()
-FROM chosen
-WHERE o.id = chosen.id
-RETURNING o.id;
+SELECT id FROM requeued;
 
 -- name: count_dead_letters
 -- How many dead letters match a selection.
@@ -489,18 +633,25 @@ WHERE
 -- include: dead_letter_selection
 
 -- name: purge_dead_letters
--- Delete one batch of dead letters matching a selection.
+-- Delete one batch of dead letters matching a selection, and their history.
 WITH doomed AS (
     SELECT id FROM {schema}.outbox
     WHERE
     -- include: dead_letter_selection
     LIMIT %(limit)s
+),
+deleted AS (
+    DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
+    RETURNING o.id
+),
+forgotten AS (
+    DELETE FROM {schema}.history AS h USING deleted WHERE h.outbox_id = deleted.id
 )
-DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
-RETURNING o.id;
+SELECT id FROM deleted;
 
 -- name: prune_sent
--- Delete one batch of sent rows older than the retention that no live receipt references.
+-- Delete one batch of sent rows older than the retention that no live receipt references,
+-- and their history.
 WITH doomed AS (
     SELECT o.id FROM {schema}.outbox AS o
     WHERE o.status = 'sent'
@@ -509,8 +660,15 @@ WITH doomed AS (
                       WHERE r.outbox_id = o.id AND r.expires_at > now())
     ORDER BY o.sent_at
     LIMIT %(limit)s
+),
+deleted AS (
+    DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
+    RETURNING o.id
+),
+forgotten AS (
+    DELETE FROM {schema}.history AS h USING deleted WHERE h.outbox_id = deleted.id
 )
-DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id;
+SELECT id FROM deleted;
 
 -- name: prune_receipts
 -- Delete one batch of receipts expired longer ago than the retention.

@@ -12,11 +12,6 @@ GROUP BY leased_by;
 -- The rows one worker holds.
 SELECT id FROM {schema}.outbox WHERE status = 'processing' AND leased_by = %(worker_id)s;
 
--- name: expired_leases
--- Rows whose lease ran out and that no worker has reclaimed yet.
-SELECT id, leased_by FROM {schema}.outbox
-WHERE status = 'processing' AND lease_expires_at < now();
-
 -- name: progress
 -- Sent, dead and unfinished rows of the whole run.
 SELECT
