@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from bench.accounting import account_ids, account_table, net_rate, percentile
 from bench.drain import DrainResult, keep_better, run_drain
-from bench.enqueue_rate import LEASEBOX_MANY, batch_api, run_enqueue
+from bench.enqueue_rate import LEASEBOX_MANY, MANY, batch_api, run_enqueue
 from bench.history import prune_oldest_day, retention_error, run_history, seed_history
 from bench.pgserver import BenchServer
 from bench.providers import run_http, run_smtp
@@ -28,6 +28,8 @@ from bench.systems import (
     verify_minimal,
     verify_outbox,
 )
+
+import leasebox
 
 SYSTEM_SOCKET = Path("/var/run/postgresql/.s.PGSQL.5432")
 
@@ -210,9 +212,21 @@ def test_the_smtp_benchmark_sends_every_row_once_over_pooled_connections(
     assert found["worker"]["cpu_us_per_message"] is not None
 
 
-def test_enqueue_writes_what_it_counts_and_reports_a_missing_batch_api(
+def test_enqueue_writes_what_it_counts_in_every_case_the_batch_api_included(
     bench_server: BenchServer,
 ) -> None:
+    results = {(r.method, r.mode): r for r in run_enqueue(bench_server, 20, 200)}
+
+    assert batch_api() is not None
+    assert len(results) == 6
+    assert all(r.error == "" and r.rate > 0 for r in results.values())
+    assert results[(LEASEBOX_MANY, MANY)].sends == 200
+
+
+def test_enqueue_reports_a_missing_batch_api_as_missing(
+    bench_server: BenchServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(leasebox, "enqueue_many")
     results = {(r.method, r.mode): r for r in run_enqueue(bench_server, 20, 200)}
 
     assert batch_api() is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,6 +18,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from leasebox.errors import ConfigurationError
 from leasebox.runtime.settings import WorkerSettings
+from leasebox.store import claiming
+from leasebox.store.claiming import ClaimedMessage
 from support.running_worker import SETTINGS, make_worker, running
 from support.worker_doubles import (
     Insert,
@@ -198,3 +201,35 @@ def test_settings_reject_contradictions() -> None:
         WorkerSettings(kinds=("OTP",))
     with pytest.raises(ConfigurationError, match="concurrency"):
         WorkerSettings(concurrency=0)
+
+
+async def test_a_backlog_is_claimed_at_least_half_a_batch_at_a_time(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+    db_conn: psycopg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = [db_insert(kind="otp", template="otp") for _ in range(60)]
+    limits: list[tuple[int, int]] = []
+    claim = claiming.claim
+
+    async def recorded(conn: psycopg.AsyncConnection, **options: Any) -> list[ClaimedMessage]:
+        rows = await claim(conn, **options)
+        limits.append((options["limit"], len(rows)))
+        return rows
+
+    monkeypatch.setattr(claiming, "claim", recorded)
+    settings = replace(SETTINGS, drain=True, concurrency=2, batch_size=10)
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings)
+    async with asyncio.timeout(20):
+        await worker.run()
+
+    assert sorted(e.outbox_id for e in fake_provider.sent) == ids
+    assert statuses(db_conn) == {"sent": 60}
+    found = [(limit, got) for limit, got in limits if got]
+    assert sum(got for _, got in found) == 60
+    # Capacity is 12 (2 sending, 10 waiting): claiming whatever a settled row freed would ask
+    # for 1 or 2 rows at a time; while rows remain, every claim asks for 5 or more.
+    assert all(limit >= 5 for limit, _ in found), limits

@@ -5,6 +5,7 @@ with leases; the operator (`leasebox operator`) scales workers to an SLA.
 """
 
 from leasebox.errors import (
+    BatchConflict,
     ConfigurationError,
     DatabaseUnavailable,
     IdempotencyConflict,
@@ -14,12 +15,14 @@ from leasebox.errors import (
     RateLimited,
 )
 from leasebox.messages import OutboxMessage, Receipt
+from leasebox.producer.batch import enqueue_many, enqueue_many_async
 from leasebox.producer.enqueue import enqueue, enqueue_async
 from leasebox.producer.guard import AbuseGuard
 from leasebox.version import __version__
 
 __all__ = [
     "AbuseGuard",
+    "BatchConflict",
     "ConfigurationError",
     "DatabaseUnavailable",
     "IdempotencyConflict",
@@ -32,4 +35,6 @@ __all__ = [
     "__version__",
     "enqueue",
     "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
 ]

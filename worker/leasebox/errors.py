@@ -12,6 +12,7 @@ figures a caller needs and never a secret, a password or a message body.
     │   └── NotMigrated           the schema is missing or older than this version
     ├── RequestRefused            the producer API refused a request; nothing was written
     │   ├── IdempotencyConflict   the key was used for a different request (HTTP 422)
+    │   │   └── BatchConflict     some messages of an `enqueue_many` batch did so
     │   └── RateLimited           the abuse guard's limit is reached (HTTP 429)
     └── DeliveryError             a message could not be prepared or sent
         ├── TemplateError         a template is missing, malformed or lacks a variable
@@ -24,6 +25,9 @@ figures a caller needs and never a secret, a password or a message body.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 # A failure's class: whether the worker tries again later or dead-letters the message now.
 TRANSIENT = "transient"
@@ -105,6 +109,48 @@ class IdempotencyConflict(RequestRefused):
         self.idempotency_key = idempotency_key
         self.outbox_id = outbox_id
         self.delivery_key = delivery_key
+
+
+@dataclass(frozen=True)
+class ConflictingRequest:
+    """One message of a batch that conflicts: its position in the batch and the key it reused.
+
+    `outbox_id` is the row the key already belongs to (None when the conflict is with another
+    message of the same batch)."""
+
+    index: int
+    idempotency_key: str | None
+    delivery_key: str | None
+    outbox_id: int | None
+
+
+class BatchConflict(IdempotencyConflict):
+    """Messages of an `enqueue_many` batch reuse keys for different requests; nothing was
+    written. `conflicts` lists every one, in batch order."""
+
+    MAX_LISTED = 10
+
+    def __init__(self, scope: str, conflicts: Sequence[ConflictingRequest]) -> None:
+        first = conflicts[0]
+        super().__init__(
+            scope,
+            first.idempotency_key or "",
+            first.outbox_id if first.outbox_id is not None else 0,
+            delivery_key=first.delivery_key if first.idempotency_key is None else None,
+        )
+        listed = ", ".join(f"#{c.index} ({_conflict_key(c)})" for c in conflicts[: self.MAX_LISTED])
+        more = len(conflicts) - self.MAX_LISTED
+        self.args = (
+            f"{len(conflicts)} message(s) of the batch reuse a key for a different request, "
+            f"so nothing was written: {listed}{f' and {more} more' if more > 0 else ''}",
+        )
+        self.conflicts = tuple(conflicts)
+
+
+def _conflict_key(conflict: ConflictingRequest) -> str:
+    if conflict.idempotency_key is not None:
+        return f"idempotency key {conflict.idempotency_key!r}"
+    return f"delivery key {conflict.delivery_key!r}"
 
 
 class RateLimited(RequestRefused):

@@ -9,6 +9,10 @@ back: the same outbox id for a retried request.
 Recipients are normalised once, here (`recipient_key`: trimmed, case-folded, the domain in
 its IDNA ASCII form), for everything that counts or compares them: the abuse guard and its
 index, the request fingerprint. The address as given (trimmed) is what is sent.
+
+On the worker's side, `LazyJsonLoader` reads a claimed row's `data` as a `JsonObject`, which
+decodes its JSON only when a provider that reads content first looks inside: a worker that
+sends through `null://` (or fails a row before rendering) never pays for the decoding.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import Loader
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -209,3 +216,46 @@ class Receipt(BaseModel):
     reused: bool
     scope: str | None = None
     idempotency_key: str | None = None
+
+
+class JsonObject(Mapping[str, Any]):
+    """A JSON object from the database, decoded on first use (then like a read-only dict)."""
+
+    __slots__ = ("_decoded", "_raw")
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        self._decoded: dict[str, Any] | None = None
+
+    def _value(self) -> dict[str, Any]:
+        if self._decoded is None:
+            value = json.loads(self._raw)
+            self._decoded = value if isinstance(value, dict) else {"value": value}
+        return self._decoded
+
+    def __getitem__(self, key: str) -> Any:
+        return self._value()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._value())
+
+    def __len__(self) -> int:
+        return len(self._value())
+
+    def __repr__(self) -> str:
+        return f"JsonObject({self._value()!r})"
+
+
+class LazyJsonLoader(Loader):
+    """Loads `jsonb` (text format) as a `JsonObject` that is decoded only when read."""
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+
+    def load(self, data: Buffer) -> JsonObject:
+        return JsonObject(bytes(data))
+
+
+def register_lazy_json(context: AdaptContext) -> None:
+    """Make `jsonb` columns read through `context` (a connection) load as `JsonObject`s."""
+    context.adapters.register_loader("jsonb", LazyJsonLoader)

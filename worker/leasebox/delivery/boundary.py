@@ -84,6 +84,8 @@ def usable_message_id(value: object) -> tuple[str | None, str | None]:
             f"the provider's message id is {len(text)} characters long "
             f"(at most {MAX_MESSAGE_ID_LENGTH} are kept): dropped"
         )
+    if text.isprintable():
+        return text, None
     # Not printable: control characters (NUL among them), lone surrogates, separators.
     cleaned = "".join(c if c.isprintable() else REPLACEMENT for c in text)
     if cleaned != text:

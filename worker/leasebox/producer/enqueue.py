@@ -60,7 +60,14 @@ def _plan(
             found = yield Step(
                 (
                     *locks,
-                    ("find_receipt", {"scope": scope_name, "idempotency_key": idempotency_key}),
+                    (
+                        "find_receipt",
+                        {
+                            "scope": scope_name,
+                            "idempotency_key": idempotency_key,
+                            "request_hash": fingerprint,
+                        },
+                    ),
                 )
             )
             locks = []

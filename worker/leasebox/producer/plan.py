@@ -9,14 +9,13 @@ plan on a `psycopg.Connection` and `run_async` on an `AsyncConnection`, so `enqu
 from __future__ import annotations
 
 from collections.abc import Generator
-from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 
-from leasebox.db.queries import query
+from leasebox.db.queries import query_bytes
 
 T = TypeVar("T")
 Row = dict[str, Any] | None
@@ -41,14 +40,18 @@ def run(conn: psycopg.Connection[Any], plan: Plan[T], schema: str) -> T:
         step = next(plan)
         while True:
             *before, (name, params) = step.queries
-            with ExitStack() as stack:
-                if before:
-                    stack.enter_context(conn.pipeline())
+            cur = conn.cursor(row_factory=dict_row)
+            if before:
+                # One round trip: the statements and a single Sync go out together, and the
+                # results come back when the pipeline closes.
+                with conn.pipeline():
                     for earlier, earlier_params in before:
-                        conn.execute(query(earlier, schema), earlier_params, prepare=True)
-                cur = stack.enter_context(conn.cursor(row_factory=dict_row))
-                cur.execute(query(name, schema), params, prepare=True)
-                row = cur.fetchone()
+                        conn.execute(query_bytes(earlier, schema), earlier_params, prepare=True)
+                    cur.execute(query_bytes(name, schema), params, prepare=True)
+            else:
+                cur.execute(query_bytes(name, schema), params, prepare=True)
+            row = cur.fetchone()
+            cur.close()
             step = plan.send(row)
     except StopIteration as done:
         result: T = done.value
@@ -61,14 +64,18 @@ async def run_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T], schema: s
         step = next(plan)
         while True:
             *before, (name, params) = step.queries
-            async with AsyncExitStack() as stack:
-                if before:
-                    await stack.enter_async_context(conn.pipeline())
+            cur = conn.cursor(row_factory=dict_row)
+            if before:
+                async with conn.pipeline():
                     for earlier, earlier_params in before:
-                        await conn.execute(query(earlier, schema), earlier_params, prepare=True)
-                cur = await stack.enter_async_context(conn.cursor(row_factory=dict_row))
-                await cur.execute(query(name, schema), params, prepare=True)
-                row = await cur.fetchone()
+                        await conn.execute(
+                            query_bytes(earlier, schema), earlier_params, prepare=True
+                        )
+                    await cur.execute(query_bytes(name, schema), params, prepare=True)
+            else:
+                await cur.execute(query_bytes(name, schema), params, prepare=True)
+            row = await cur.fetchone()
+            await cur.close()
             step = plan.send(row)
     except StopIteration as done:
         result: T = done.value

@@ -29,9 +29,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -50,9 +49,8 @@ _A = TypeVar("_A", Sent, Retry, Dead, Release)
 UNSTORABLE_ERROR = "the failure's description could not be stored"
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What happened to one claimed message, waiting to be written."""
+class Outcome(NamedTuple):
+    """What happened to one claimed message, waiting to be written (one per message sent)."""
 
     message: ClaimedMessage
     action: Settlement
@@ -293,6 +291,7 @@ class CompletionBatcher:
 
     async def _write(self, groups: dict[type[Settlement], list[Outcome]]) -> None:
         """One statement per outcome type; a group written is removed from `groups`."""
+        self._metrics.flush()
         async with self._pool.connection() as conn:
             for kind in [k for k in _WRITERS if k in groups]:
                 write = _WRITERS[kind]
@@ -300,6 +299,9 @@ class CompletionBatcher:
                     conn, groups[kind], self._schema, self._clock(), self._worker_id
                 )
                 outcomes = groups.pop(kind)
+                if kind is Sent:
+                    self._sent(outcomes, matched)
+                    continue
                 recorded = self._RECORDED[kind]
                 for outcome in outcomes:
                     if outcome.message.id in matched:
@@ -308,18 +310,31 @@ class CompletionBatcher:
                         self._lost(outcome, kind.__name__.lower())
                     self._on_settled(outcome.message.id)
 
-    def _sent(self, message: ClaimedMessage, action: Sent, latency: float | None) -> None:
-        series = self._metrics.kind(message.kind)
-        series.sent.inc()
-        series.delivery_latency.observe(max(latency or 0.0, 0.0))
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "sent",
-                extra={
-                    **message_fields(message),
-                    "provider_message_id": action.provider_message_id,
-                },
-            )
+    def _sent(self, outcomes: Sequence[Outcome], matched: _Matched) -> None:
+        """Count a batch of sent rows per kind (one `inc`, one bulk observe), mark lost leases."""
+        latencies: dict[str, list[float]] = {}
+        debug = log.isEnabledFor(logging.DEBUG)
+        settled = self._on_settled
+        for outcome in outcomes:
+            message = outcome.message
+            if message.id in matched:
+                latency = matched[message.id]
+                latencies.setdefault(message.kind, []).append(max(latency or 0.0, 0.0))
+                if debug:
+                    log.debug(
+                        "sent",
+                        extra={
+                            **message_fields(message),
+                            "provider_message_id": getattr(
+                                outcome.action, "provider_message_id", None
+                            ),
+                        },
+                    )
+            else:
+                self._lost(outcome, "sent")
+            settled(message.id)
+        for kind, values in latencies.items():
+            self._metrics.sent_rows(kind, values)
 
     def _retried(self, message: ClaimedMessage, action: Retry, _: float | None) -> None:
         self._metrics.retries.labels(message.kind, action.error_class).inc()
@@ -349,7 +364,7 @@ class CompletionBatcher:
     # What is counted and logged once a row's outcome is in the database, per outcome type.
     _RECORDED: dict[
         type[Settlement], Callable[[CompletionBatcher, ClaimedMessage, Any, float | None], None]
-    ] = {Sent: _sent, Retry: _retried, Dead: _dead, Release: _released}
+    ] = {Retry: _retried, Dead: _dead, Release: _released}
 
     def _lost(self, outcome: Outcome, what: str) -> None:
         self._metrics.kind(outcome.message.kind).lease_lost.inc()

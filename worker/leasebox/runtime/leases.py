@@ -26,7 +26,7 @@ from leasebox.store.claiming import ClaimedMessage, LeaseRef
 log = logging.getLogger("leasebox.worker")
 
 
-@dataclass
+@dataclass(slots=True)
 class Held:
     """A claimed row this worker still holds, with its lease deadline on the local clock.
 

@@ -9,11 +9,22 @@ The delivery-latency buckets are part of the alerting contract: the SLO alert ru
 60-second bucket (exposed as `le="60.0"`), so the boundaries below change only together with
 the chart's rules. Series for the worker's kinds exist from zero (`start_series`) so that the
 first dead letter or lost lease already shows up in `increase()`.
+
+The hot path counts per batch, not per message: a claim adds its rows to `claimed` at once,
+a settled batch adds its rows to `sent` and observes their latencies together
+(`observe_many`, one lock per bucket touched instead of one per message), and the time of
+each send is queued (`record_send`) and observed in bulk when the next batch is settled or
+whenever the registry is read (a collector registered first folds the queue in), so that no
+reader ever sees a total that misses a send already made. The in-flight gauge reads a plain
+counter (`sending`) when scraped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections import Counter as Tally
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +38,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 from leasebox.states import DeadReason
 from leasebox.version import __version__
@@ -63,6 +75,43 @@ PROVIDER_OUTCOMES = (
 )
 
 
+def observe_many(histogram: Any, values: Sequence[float]) -> None:
+    """Observe every value of `values` in one histogram child, a bucket at a time.
+
+    The same totals as one `observe` per value: each value lands in the first bucket whose
+    bound is at least the value (`bisect_left`), and the sum grows by their sum.
+    """
+    if not values:
+        return
+    try:
+        bounds: list[float] = histogram._upper_bounds
+        buckets: list[Any] = histogram._buckets
+        total: Any = histogram._sum
+    except AttributeError:  # a prometheus_client without these internals: one at a time
+        for value in values:
+            histogram.observe(value)
+        return
+    counts = Tally(bisect_left(bounds, value) for value in values)
+    total.inc(sum(values))
+    for index, n in counts.items():
+        buckets[index].inc(n)
+
+
+class _Pending:
+    """A collector with no metrics of its own, registered first: it folds the queued send
+    times into their histograms before any other collector of the registry is read."""
+
+    def __init__(self, flush: Any) -> None:
+        self._flush = flush
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        self._flush()
+        return iter(())
+
+
 @dataclass(frozen=True)
 class KindSeries:
     """The per-kind children of the hot-path metrics, resolved once (labels() is not free)."""
@@ -81,6 +130,12 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        # Send times waiting to be observed: (kind, provider, outcome or None, seconds). A deque,
+        # because the scrape thread empties it while the event loop appends.
+        self._sends: deque[tuple[str, str, str | None, float]] = deque()
+        r.register(_Pending(self.flush))
+        # Sends waiting on the provider, read by the gauge when it is scraped.
+        self.sending = 0
         self.claimed = Counter(
             "leasebox_claimed_total", "Rows claimed under a lease.", ["kind"], registry=r
         )
@@ -131,6 +186,7 @@ class WorkerMetrics:
         self.inflight = Gauge(
             "leasebox_inflight_sends", "Sends currently waiting on the provider.", registry=r
         )
+        self.inflight.set_function(lambda: self.sending)
         self.provider_requests = Counter(
             "leasebox_provider_requests_total",
             "Requests to the mail provider, by what they amounted to (accepted, rejected, "
@@ -164,6 +220,7 @@ class WorkerMetrics:
         r.register(PLATFORM_COLLECTOR)
         r.register(GC_COLLECTOR)
         self._kinds: dict[str, KindSeries] = {}
+        self._provider_series: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def kind(self, kind: str) -> KindSeries:
         """The hot-path series of one kind (created at zero on first use)."""
@@ -195,8 +252,56 @@ class WorkerMetrics:
 
     def provider_request(self, provider: str, outcome: str, seconds: float) -> None:
         """Count one provider request and its duration."""
-        self.provider_requests.labels(provider, outcome).inc()
-        self.provider_duration.labels(provider, outcome).observe(seconds)
+        requests, duration = self._provider(provider, outcome)
+        requests.inc()
+        duration.observe(seconds)
+
+    def _provider(self, provider: str, outcome: str) -> tuple[Any, Any]:
+        found = self._provider_series.get((provider, outcome))
+        if found is None:
+            found = self._provider_series[(provider, outcome)] = (
+                self.provider_requests.labels(provider, outcome),
+                self.provider_duration.labels(provider, outcome),
+            )
+        return found
+
+    def claimed_rows(self, kinds: Iterable[str]) -> None:
+        """Count the rows of one claim, by kind (one `inc` per kind)."""
+        for kind, n in Tally(kinds).items():
+            self.kind(kind).claimed.inc(n)
+
+    def record_send(self, kind: str, provider: str, outcome: str | None, seconds: float) -> None:
+        """Queue one send's time: `send_duration` always, and the provider request (counted
+        and timed) unless `outcome` is None (the provider never made one)."""
+        self._sends.append((kind, provider, outcome, seconds))
+
+    def flush(self) -> None:
+        """Observe the queued send times, grouped by series."""
+        sends = self._sends
+        if not sends:
+            return
+        by_kind: dict[str, list[float]] = {}
+        by_request: dict[tuple[str, str], list[float]] = {}
+        while True:
+            try:
+                kind, provider, outcome, seconds = sends.popleft()
+            except IndexError:
+                break
+            by_kind.setdefault(kind, []).append(seconds)
+            if outcome is not None:
+                by_request.setdefault((provider, outcome), []).append(seconds)
+        for kind, values in by_kind.items():
+            observe_many(self.kind(kind).send_duration, values)
+        for (provider, outcome), values in by_request.items():
+            requests, duration = self._provider(provider, outcome)
+            requests.inc(len(values))
+            observe_many(duration, values)
+
+    def sent_rows(self, kind: str, latencies: Sequence[float]) -> None:
+        """Count rows marked sent and observe their delivery latencies, for one kind."""
+        series = self.kind(kind)
+        series.sent.inc(len(latencies))
+        observe_many(series.delivery_latency, latencies)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""
@@ -204,5 +309,6 @@ class WorkerMetrics:
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """The current value of one sample (0 when absent); for tests and summaries."""
+        self.flush()
         found = self.registry.get_sample_value(name, labels or {})
         return 0.0 if found is None else found

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo
+from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.connections import (
@@ -41,6 +42,7 @@ from leasebox.errors import (
     ProviderError,
     ProviderUnavailable,
 )
+from leasebox.messages import register_lazy_json
 from leasebox.producer.payload_crypto import default_cipher
 from leasebox.runtime.health import HealthServer, build_app
 from leasebox.runtime.metrics import WorkerMetrics
@@ -81,6 +83,7 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
         open=False,
         timeout=POOL_TIMEOUT,
         name="leasebox-worker",
+        configure=_configure,
         kwargs={
             "autocommit": True,
             "application_name": f"{APPLICATION_NAME}-worker",
@@ -124,6 +127,14 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
             await health.stop()
         await pool.close()
         await provider.close()
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    # A claimed row's `data` is decoded only if the provider reads content.
+    register_lazy_json(conn)
+    # The settling statements pass their batches as arrays: in the binary format, psycopg
+    # packs each element instead of quoting it as text (a regex per element).
+    conn.adapters.register_dumper(list, ListBinaryDumper)
 
 
 async def check_database(dsn: str, schema: str) -> None:

@@ -56,6 +56,8 @@ from leasebox.store.settling import Dead, Release, Retry, Sent
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
+# What a provider that reads no content (`null://`) gets for every message.
+_NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 
 
 class Renderer(Protocol):
@@ -262,9 +264,14 @@ class Worker:
         s = self.settings
         failures = 0
         swept = False  # drain mode: swept since the last claim that found rows
+        backlog = False  # the last claim came back full: more rows are likely ready
+        # While a backlog lasts, claim at least half a batch at a time: a claim costs a round
+        # trip and a statement, and claiming whatever a few settled rows freed would pay that
+        # for a handful of rows. Half a batch still leaves the senders a full queue.
+        least = max(1, s.batch_size // 2)
         while not self._stop.is_set():
             room = s.capacity - len(self._held)
-            if room <= 0:
+            if room <= 0 or (backlog and room < least and self._held):
                 self._room.clear()
                 await self._until(self._room, None)
                 continue
@@ -282,7 +289,8 @@ class Worker:
                 failures = 0
             swept = swept and not claimed
             self.database_problem = None
-            if len(claimed) == min(room, s.batch_size):
+            backlog = len(claimed) == min(room, s.batch_size)
+            if backlog:
                 continue
             if s.drain:
                 if not self._held and not claimed:
@@ -318,11 +326,14 @@ class Worker:
                 now=self._clock(),
             )
         self.rounds["claim"] += 1
+        deadline = started + s.lease_seconds
+        held_rows, queue = self._held, self._queue
         for message in rows:
-            held = Held(message, started, started + s.lease_seconds)
-            self._held[message.id] = held
-            self.metrics.kind(message.kind).claimed.inc()
-            self._queue.put_nowait(held)
+            held = Held(message, started, deadline)
+            held_rows[message.id] = held
+            queue.put_nowait(held)
+        if rows:
+            self.metrics.claimed_rows(message.kind for message in rows)
         return rows
 
     async def _until(self, event: asyncio.Event, at_most: float | None) -> None:
@@ -378,19 +389,23 @@ class Worker:
         except Exception as exc:
             self._failed(held, classify(exc))
             return
-        self.metrics.inflight.inc()
+        metrics = self.metrics
+        metrics.sending += 1
         started = time.monotonic()
         try:
             outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
+            metrics.record_send(message.kind, self._provider.name, None, time.monotonic() - started)
             self._completions.put(Outcome(message, Release(held.lease)))
             raise
         finally:
-            self.metrics.inflight.dec()
-            self.metrics.kind(message.kind).send_duration.observe(time.monotonic() - started)
-        if not (isinstance(outcome, Failure) and outcome.code == EXPIRED_CODE):  # not sent at all
-            elapsed = time.monotonic() - started
-            self.metrics.provider_request(self._provider.name, outcome.outcome, elapsed)
+            metrics.sending -= 1
+        elapsed = time.monotonic() - started
+        # A send refused as expired before it reached the wire made no provider request.
+        expired = isinstance(outcome, Failure) and outcome.code == EXPIRED_CODE
+        metrics.record_send(
+            message.kind, self._provider.name, None if expired else outcome.outcome, elapsed
+        )
         if isinstance(outcome, Accepted):
             for warning in outcome.warnings:
                 log.warning("accepted, but %s", warning, extra=message_fields(message))
@@ -410,7 +425,7 @@ class Worker:
             secrets = self._cipher.open(message.secrets) if message.secrets else {}
             rendered = self._renderer.render(message.template, message.data, secrets)
         else:
-            rendered = RenderedEmail(subject="", text="", html=None)
+            rendered = _NO_CONTENT
         return Email(
             outbox_id=message.id,
             kind=message.kind,

@@ -15,30 +15,32 @@ datetime to move time without sleeping.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
-from psycopg.rows import class_row
 
 from leasebox.db.queries import DEFAULT_SCHEMA, query
 
 Connection = psycopg.AsyncConnection[Any]
 
 
-@dataclass(frozen=True)
-class ClaimedMessage:
-    """One outbox row as claimed: what to send, and the lease that allows settling it."""
+class ClaimedMessage(NamedTuple):
+    """One outbox row as claimed: what to send, and the lease that allows settling it.
+
+    A named tuple, built straight from the claim's row (a worker makes one per message, so
+    its construction is on the hot path); its repr leaves out the recipient and the content.
+    """
 
     id: int
     kind: str
     aggregate_id: str | None
-    recipient: str = field(repr=False)
+    recipient: str
     template: str
-    data: dict[str, Any] = field(repr=False)
-    secrets: bytes | None = field(repr=False)
+    data: Mapping[str, Any]
+    secrets: bytes | None
     delivery_key: str
     attempts: int
     max_attempts: int | None
@@ -51,6 +53,25 @@ class ClaimedMessage:
     @property
     def lease(self) -> LeaseRef:
         return LeaseRef(self.id, self.lease_token)
+
+    def __repr__(self) -> str:
+        return (
+            f"ClaimedMessage(id={self.id!r}, kind={self.kind!r}, "
+            f"aggregate_id={self.aggregate_id!r}, template={self.template!r}, "
+            f"delivery_key={self.delivery_key!r}, attempts={self.attempts!r}, "
+            f"max_attempts={self.max_attempts!r}, expires_at={self.expires_at!r}, "
+            f"lease_token={self.lease_token!r}, lease_expires_at={self.lease_expires_at!r}, "
+            f"created_at={self.created_at!r}, claimed_at={self.claimed_at!r})"
+        )
+
+
+def _claimed_rows(cursor: Any) -> Callable[[Sequence[Any]], ClaimedMessage]:
+    """Rows of the claim as `ClaimedMessage`s: positionally when the columns are the fields in
+    order (checked once per statement), else by name."""
+    names = tuple(column.name for column in cursor.description or ())
+    if names == ClaimedMessage._fields:
+        return ClaimedMessage._make
+    return lambda values: ClaimedMessage(**dict(zip(names, values, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -81,7 +102,7 @@ async def claim(
         "worker_id": worker_id,
         "now": now,
     }
-    async with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
+    async with conn.cursor(row_factory=_claimed_rows) as cur:
         await cur.execute(query("claim", schema), params)
         return await cur.fetchall()
 

@@ -6,10 +6,22 @@
 
 -- name: find_receipt
 -- The receipt of (scope, idempotency_key), whether it expired, and its row's delivery key.
-SELECT r.request_hash, r.outbox_id, r.expires_at <= now() AS expired, o.delivery_key
-FROM {schema}.receipts AS r
-JOIN {schema}.outbox AS o ON o.id = r.outbox_id
-WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s;
+-- A live receipt of the same request is being reused: it is counted and its last sighting
+-- moved, in the same statement (a request that conflicts with it changes nothing).
+WITH found AS (
+    SELECT r.request_hash, r.outbox_id, r.expires_at <= now() AS expired, o.delivery_key
+    FROM {schema}.receipts AS r
+    JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+),
+touched AS (
+    UPDATE {schema}.receipts AS r
+    SET reuse_count = r.reuse_count + 1, last_seen_at = now()
+    FROM found
+    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+      AND NOT found.expired AND found.request_hash = %(request_hash)s
+)
+SELECT request_hash, outbox_id, expired, delivery_key FROM found;
 
 -- name: find_delivery_key
 -- The row holding a delivery key, and whether it sends the same message as the caller's.
@@ -43,12 +55,21 @@ WHERE scope = %(scope)s
 -- conflict, and no receipt is written) and record the receipt. `source` says which happened.
 -- Callers with an explicit delivery key hold its advisory lock, so a row this statement's
 -- ON CONFLICT waited for was committed before the statement's snapshot was taken.
+-- A live receipt reused by the same request counts the reuse (`touched`); a receipt written
+-- or replaced after its expiry starts again at zero.
 WITH found AS (
     SELECT r.request_hash, r.outbox_id, o.delivery_key
     FROM {schema}.receipts AS r
     JOIN {schema}.outbox AS o ON o.id = r.outbox_id
     WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
       AND r.expires_at > now()
+),
+touched AS (
+    UPDATE {schema}.receipts AS r
+    SET reuse_count = r.reuse_count + 1, last_seen_at = now()
+    FROM found
+    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+      AND found.request_hash = %(request_hash)s
 ),
 inserted AS (
     INSERT INTO {schema}.outbox
@@ -74,16 +95,19 @@ chosen AS (
     SELECT 'existing', id, delivery_key FROM existing WHERE same
 ),
 receipt AS (
-    INSERT INTO {schema}.receipts (scope, idempotency_key, request_hash, outbox_id, expires_at)
+    INSERT INTO {schema}.receipts
+        (scope, idempotency_key, request_hash, outbox_id, expires_at, last_seen_at)
     SELECT %(scope)s, %(idempotency_key)s, %(request_hash)s, chosen.id,
-           now() + make_interval(secs => %(ttl_seconds)s)
+           now() + make_interval(secs => %(ttl_seconds)s), now()
     FROM chosen
     WHERE %(idempotency_key)s::text IS NOT NULL
     ON CONFLICT (scope, idempotency_key) DO UPDATE
     SET request_hash = excluded.request_hash,
         outbox_id = excluded.outbox_id,
         created_at = excluded.created_at,
-        expires_at = excluded.expires_at
+        expires_at = excluded.expires_at,
+        last_seen_at = excluded.last_seen_at,
+        reuse_count = 0
     WHERE {schema}.receipts.expires_at <= now()
 )
 SELECT 'receipt' AS source, outbox_id, delivery_key, request_hash FROM found
@@ -91,6 +115,130 @@ UNION ALL
 SELECT source, id, delivery_key, NULL FROM chosen
 UNION ALL
 SELECT 'conflict', id, delivery_key, NULL FROM existing WHERE NOT same;
+
+-- name: lock_keys
+-- Serialise callers on many keys until the end of the transaction: receipts first, in one order.
+-- Receipt keys before delivery keys (the order `enqueue` takes them in), each group in the
+-- order of its lock's hash, so that no two producers can wait for each other in a cycle.
+SELECT count(pg_advisory_xact_lock(s.h))
+FROM (
+    SELECT 1 AS g, hashtextextended(k, 0) AS h FROM unnest(%(receipt_keys)s::text[]) AS k
+    UNION
+    SELECT 2, hashtextextended(k, 0) FROM unnest(%(delivery_keys)s::text[]) AS k
+    ORDER BY 1, 2
+) AS s;
+
+-- name: enqueue_many
+-- Write many logical sends in one statement, each as `enqueue` would; nothing on a conflict.
+-- The callers hold the advisory locks of every idempotency key and explicit delivery key of
+-- the batch (`lock_keys`, pipelined before this), and give each idempotency key once. A row
+-- per input (`ord`) says what happened to it; a conflict anywhere writes nothing at all.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(kinds)s::text[], %(aggregate_ids)s::text[], %(recipients)s::text[],
+                %(recipient_keys)s::text[], %(message_hashes)s::text[], %(templates)s::text[],
+                %(data)s::jsonb[], %(secrets)s::bytea[], %(delivery_keys)s::text[],
+                %(max_attempts)s::int[], %(available_at)s::timestamptz[],
+                %(expires_at)s::timestamptz[], %(idempotency_keys)s::text[],
+                %(request_hashes)s::text[])
+         WITH ORDINALITY
+         AS i(kind, aggregate_id, recipient, recipient_key, message_hash, template, data,
+              secrets, delivery_key, max_attempts, available_at, expires_at, idempotency_key,
+              request_hash, ord)
+),
+-- Each lookup is a LATERAL with LIMIT 1 (the keys are unique), so that it stays one index
+-- probe per message however large the tables are.
+found AS (
+    SELECT i.ord, r.outbox_id, r.delivery_key, r.request_hash = i.request_hash AS same
+    FROM input AS i
+    CROSS JOIN LATERAL (
+        SELECT rr.outbox_id, rr.request_hash, o.delivery_key
+        FROM {schema}.receipts AS rr
+        JOIN {schema}.outbox AS o ON o.id = rr.outbox_id
+        WHERE rr.scope = %(scope)s AND rr.idempotency_key = i.idempotency_key
+          AND rr.expires_at > now()
+        LIMIT 1
+    ) AS r
+),
+to_write AS (
+    SELECT i.* FROM input AS i WHERE NOT EXISTS (SELECT FROM found AS f WHERE f.ord = i.ord)
+),
+existing AS (
+    SELECT w.ord, o.id, o.delivery_key,
+           (o.message_hash IS NULL OR o.message_hash = w.message_hash) AS same
+    FROM to_write AS w
+    CROSS JOIN LATERAL (
+        SELECT oo.id, oo.delivery_key, oo.message_hash
+        FROM {schema}.outbox AS oo
+        WHERE oo.delivery_key = w.delivery_key
+        LIMIT 1
+    ) AS o
+),
+conflicts AS (
+    SELECT ord, outbox_id AS id, delivery_key, 'receipt_conflict' AS source
+    FROM found WHERE NOT same
+    UNION ALL
+    SELECT ord, id, delivery_key, 'conflict' FROM existing WHERE NOT same
+),
+touched AS (
+    UPDATE {schema}.receipts AS r
+    SET reuse_count = r.reuse_count + 1, last_seen_at = now()
+    FROM found AS f
+    JOIN input AS i ON i.ord = f.ord
+    WHERE r.scope = %(scope)s AND r.idempotency_key = i.idempotency_key
+      AND NOT EXISTS (SELECT FROM conflicts)
+),
+inserted AS (
+    INSERT INTO {schema}.outbox
+        (kind, aggregate_id, recipient, recipient_key, scope, message_hash, template, data,
+         secrets, delivery_key, max_attempts, available_at, expires_at)
+    SELECT d.kind, d.aggregate_id, d.recipient, d.recipient_key, %(scope)s, d.message_hash,
+           d.template, d.data, d.secrets, d.delivery_key, d.max_attempts,
+           coalesce(d.available_at, now()), d.expires_at
+    FROM (
+        SELECT DISTINCT ON (w.delivery_key) w.*
+        FROM to_write AS w
+        WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = w.ord)
+        ORDER BY w.delivery_key, w.ord
+    ) AS d
+    WHERE NOT EXISTS (SELECT FROM conflicts)
+    ORDER BY d.ord
+    ON CONFLICT (delivery_key) DO NOTHING
+    RETURNING id, delivery_key
+),
+chosen AS (
+    SELECT w.ord, n.id, w.delivery_key, 'inserted' AS source
+    FROM to_write AS w
+    LEFT JOIN inserted AS n ON n.delivery_key = w.delivery_key
+    WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = w.ord)
+      AND NOT EXISTS (SELECT FROM conflicts)
+    UNION ALL
+    SELECT ord, id, delivery_key, 'existing' FROM existing
+    WHERE NOT EXISTS (SELECT FROM conflicts)
+),
+receipt AS (
+    INSERT INTO {schema}.receipts
+        (scope, idempotency_key, request_hash, outbox_id, expires_at, last_seen_at)
+    SELECT %(scope)s, w.idempotency_key, w.request_hash, c.id,
+           now() + make_interval(secs => %(ttl_seconds)s), now()
+    FROM chosen AS c
+    JOIN to_write AS w ON w.ord = c.ord
+    WHERE w.idempotency_key IS NOT NULL AND c.id IS NOT NULL
+    ON CONFLICT (scope, idempotency_key) DO UPDATE
+    SET request_hash = excluded.request_hash,
+        outbox_id = excluded.outbox_id,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at,
+        last_seen_at = excluded.last_seen_at,
+        reuse_count = 0
+    WHERE {schema}.receipts.expires_at <= now()
+)
+SELECT ord, 'receipt' AS source, outbox_id AS id, delivery_key FROM found
+WHERE NOT EXISTS (SELECT FROM conflicts)
+UNION ALL
+SELECT ord, source, id, delivery_key FROM chosen
+UNION ALL
+SELECT ord, source, id, delivery_key FROM conflicts;
 
 -- name: get_message
 -- One outbox row without its secrets, for tools and tests.

@@ -25,10 +25,9 @@ import asyncio
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from email.headerregistry import Address
-from email.message import EmailMessage
-from email.utils import format_datetime, parseaddr
+from email.utils import parseaddr
+from functools import lru_cache
 
 import aiosmtplib
 from aiosmtplib.typing import Default
@@ -40,6 +39,7 @@ from leasebox.delivery.providers.base import (
     derived_message_id,
     one_line,
 )
+from leasebox.delivery.providers.mime import build_mime
 from leasebox.delivery.providers.urls import ProviderUrl, parse_provider_url
 from leasebox.errors import (
     AmbiguousProviderError,
@@ -107,7 +107,12 @@ class SmtpSettings:
 
     @property
     def envelope_sender(self) -> str:
-        return parseaddr(self.sender)[1]
+        return _envelope_sender(self.sender)
+
+
+@lru_cache(maxsize=16)
+def _envelope_sender(sender: str) -> str:
+    return parseaddr(sender)[1]
 
 
 def wire_address(address: str) -> str:
@@ -122,21 +127,9 @@ def wire_address(address: str) -> str:
         return address  # refused later, as an address that cannot be sent
 
 
-def build_message(email: Email, sender: str) -> EmailMessage:
+def build_message(email: Email, sender: str) -> bytes:
     """The MIME message for `email`: text, optional HTML alternative, stable Message-ID."""
-    message = EmailMessage()
-    message["From"] = sender
-    message["To"] = wire_address(email.recipient)
-    message["Subject"] = " ".join(email.subject.split())
-    message["Date"] = format_datetime(datetime.now(UTC))
-    message["Message-ID"] = derived_message_id(email.delivery_key)
-    message["X-Leasebox-Delivery-Key"] = email.delivery_key
-    message["X-Leasebox-Attempt"] = str(email.attempt)
-    message["Auto-Submitted"] = "auto-generated"
-    message.set_content(email.text)
-    if email.html is not None:
-        message.add_alternative(email.html, subtype="html")
-    return message
+    return build_mime(email, sender, recipient=wire_address(email.recipient))
 
 
 class SmtpProvider:
@@ -163,6 +156,7 @@ class SmtpProvider:
     async def send(self, email: Email) -> SendResult:
         if self._closed:
             raise TransientProviderError("closed", "the SMTP provider is closed")
+        message_id = derived_message_id(email.delivery_key)
         try:
             message = build_message(email, self.settings.sender)
         except (ValueError, TypeError):
@@ -178,7 +172,7 @@ class SmtpProvider:
             if client is not None:
                 try:
                     await self._transmit(client, message, email)
-                    return SendResult(provider_message_id=str(message["Message-ID"]))
+                    return SendResult(provider_message_id=message_id)
                 except _Disconnected:
                     pass  # dropped while idle, before DATA: nothing was sent, one fresh try
                 finally:
@@ -195,7 +189,7 @@ class SmtpProvider:
                 self._give_back(client)
         finally:
             self._slots.release()
-        return SendResult(provider_message_id=str(message["Message-ID"]))
+        return SendResult(provider_message_id=message_id)
 
     async def check(self) -> str | None:
         if self._closed:
@@ -249,14 +243,12 @@ class SmtpProvider:
         else:
             self._idle.append(client)
 
-    async def _transmit(self, client: _Client, message: EmailMessage, email: Email) -> None:
+    async def _transmit(self, client: _Client, message: bytes, email: Email) -> None:
         client.data_started = False
         client.before_data = email.raise_if_expired
         try:
-            await client.send_message(
-                message,
-                sender=self.settings.envelope_sender,
-                recipients=[wire_address(email.recipient)],
+            await client.sendmail(
+                self.settings.envelope_sender, [wire_address(email.recipient)], message
             )
         except MessageExpired:
             await self._reset(client)

@@ -1,0 +1,187 @@
+"""`enqueue_many` writes a batch in one statement with the semantics of `enqueue` per message:
+reused receipts, delivery keys, duplicates inside the batch; a conflict writes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from leasebox import (
+    AbuseGuard,
+    BatchConflict,
+    ConfigurationError,
+    IdempotencyConflict,
+    OutboxMessage,
+    enqueue,
+    enqueue_many,
+    enqueue_many_async,
+)
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
+
+
+def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:
+    fields: dict[str, Any] = {
+        "kind": "otp",
+        "recipient": recipient,
+        "aggregate_id": "user-1",
+        "data": {"minutes_valid": 10},
+        "secrets": {"code": "493817"},
+    }
+    fields.update(overrides)
+    return OutboxMessage(**fields)
+
+
+def count(conn: psycopg.Connection[Any], table: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM leasebox.{table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_mixed_batch_gets_one_receipt_per_message_in_input_order(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    earlier = enqueue(db_conn, otp("old@example.com"), idempotency_key="old", scope="s")
+    shared = enqueue(db_conn, otp("key@example.com", delivery_key="otp:user-1:c1"))
+    db_conn.commit()
+    receipts = enqueue_many(
+        db_conn,
+        [
+            otp("new@example.com"),  # new
+            otp("old@example.com"),  # reuses a live receipt
+            otp("twice@example.com"),  # new ...
+            otp("twice@example.com"),  # ... and the same request again in the batch
+            otp("key@example.com", delivery_key="otp:user-1:c1"),  # an existing delivery key
+            otp("nokey@example.com"),  # no idempotency key at all
+        ],
+        idempotency_keys=["new", "old", "twice", "twice", "dk", None],
+        scope="s",
+    )
+    db_conn.commit()
+    assert [r.reused for r in receipts] == [False, True, False, True, True, False]
+    assert receipts[1].outbox_id == earlier.outbox_id
+    assert receipts[3].outbox_id == receipts[2].outbox_id
+    assert receipts[4].outbox_id == shared.outbox_id
+    assert receipts[5].idempotency_key is None
+    assert receipts[5].scope == "s"
+    assert [r.idempotency_key for r in receipts[:5]] == ["new", "old", "twice", "twice", "dk"]
+    assert count(db_conn, "outbox") == 5  # 2 before, 3 new (new, twice, nokey)
+    assert count(db_conn, "receipts") == 4  # old, new, twice, dk
+    again = enqueue(db_conn, otp("new@example.com"), idempotency_key="new", scope="s")
+    assert again.reused
+    assert again.outbox_id == receipts[0].outbox_id
+
+
+def test_a_conflict_in_the_batch_writes_nothing_and_names_every_offender(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    enqueue(db_conn, otp("old@example.com"), idempotency_key="old", scope="s")
+    enqueue(db_conn, otp("key@example.com", delivery_key="otp:user-1:c1"))
+    db_conn.commit()
+    with pytest.raises(BatchConflict) as raised:
+        enqueue_many(
+            db_conn,
+            [
+                otp("fresh@example.com"),
+                otp("other@example.com"),  # "old" was another request
+                otp("else@example.com", delivery_key="otp:user-1:c1"),  # another message
+            ],
+            idempotency_keys=["fresh", "old", None],
+            scope="s",
+        )
+    assert isinstance(raised.value, IdempotencyConflict)
+    assert [(c.index, c.idempotency_key, c.delivery_key) for c in raised.value.conflicts] == [
+        (1, "old", None),
+        (2, None, "otp:user-1:c1"),
+    ]
+    assert "#1 (idempotency key 'old')" in str(raised.value)
+    db_conn.commit()
+    assert count(db_conn, "outbox") == 2
+    assert count(db_conn, "receipts") == 1
+
+
+def test_the_same_key_for_two_different_requests_in_one_batch_is_a_conflict(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    with pytest.raises(BatchConflict) as raised:
+        enqueue_many(
+            db_conn, [otp("a@example.com"), otp("b@example.com")], idempotency_keys=["k", "k"]
+        )
+    assert [c.index for c in raised.value.conflicts] == [1]
+    with pytest.raises(BatchConflict):
+        enqueue_many(
+            db_conn,
+            [otp("a@example.com", delivery_key="k"), otp("b@example.com", delivery_key="k")],
+        )
+    db_conn.commit()
+    assert count(db_conn, "outbox") == 0
+
+
+def test_one_delivery_key_twice_in_a_batch_is_one_row(db_conn: psycopg.Connection[Any]) -> None:
+    first, second = enqueue_many(
+        db_conn, [otp(delivery_key="otp:user-1:c2"), otp(delivery_key="otp:user-1:c2")]
+    )
+    db_conn.commit()
+    assert first.outbox_id == second.outbox_id
+    assert (first.reused, second.reused) == (False, True)
+    assert count(db_conn, "outbox") == 1
+
+
+def test_a_rolled_back_batch_leaves_nothing(db_conn: psycopg.Connection[Any]) -> None:
+    enqueue_many(db_conn, [otp(f"u{i}@example.com") for i in range(10)], idempotency_keys=None)
+    db_conn.rollback()
+    assert count(db_conn, "outbox") == 0
+    assert count(db_conn, "receipts") == 0
+
+
+def test_a_batch_of_a_thousand_is_written_once_and_its_retry_reuses_every_receipt(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    messages = [otp(f"user{i}@example.com", aggregate_id=f"user-{i}") for i in range(1000)]
+    keys = [f"request-{i}" for i in range(1000)]
+    receipts = enqueue_many(db_conn, messages, idempotency_keys=keys, scope="bulk")
+    db_conn.commit()
+    assert not any(r.reused for r in receipts)
+    ids = [r.outbox_id for r in receipts]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 1000
+    retried = enqueue_many(db_conn, messages, idempotency_keys=keys, scope="bulk")
+    db_conn.commit()
+    assert all(r.reused for r in retried)
+    assert [r.outbox_id for r in retried] == ids
+    assert count(db_conn, "outbox") == 1000
+
+
+async def test_the_async_batch_has_the_same_semantics(db_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_dsn) as conn:
+        first = await enqueue_many_async(
+            conn, [otp(), otp("b@example.com")], idempotency_keys=["a", "b"]
+        )
+        await conn.commit()
+        again = await enqueue_many_async(conn, [otp()], idempotency_keys=["a"])
+        await conn.commit()
+        assert again[0].reused
+        assert again[0].outbox_id == first[0].outbox_id
+        with pytest.raises(BatchConflict):
+            await enqueue_many_async(conn, [otp("c@example.com")], idempotency_keys=["a"])
+        await conn.rollback()
+        assert await enqueue_many_async(conn, []) == []
+
+
+def test_a_batch_refuses_a_guard_and_malformed_keys_with_clear_errors(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    with pytest.raises(ConfigurationError, match="abuse guard"):
+        enqueue_many(db_conn, [otp()], guard=AbuseGuard(per_recipient=1))
+    with pytest.raises(ValueError, match="one entry per message"):
+        enqueue_many(db_conn, [otp()], idempotency_keys=["a", "b"])
+    with pytest.raises(ValueError, match="non-empty string"):
+        enqueue_many(db_conn, [otp()], idempotency_keys=[""])
+    with pytest.raises(TypeError, match="OutboxMessage"):
+        enqueue_many(db_conn, [{"kind": "otp"}])  # type: ignore[list-item]

@@ -1,0 +1,288 @@
+"""Many logical sends in one statement: `enqueue_many`, with the semantics of `enqueue` each.
+
+An application that signs up a thousand users, or a job that invites a team, would pay one
+round trip and one statement per message through `enqueue`. `enqueue_many` sends the batch as
+arrays to one `enqueue_many` statement (`unnest`), pipelined behind one statement that takes
+the advisory locks of all its keys, so a batch of N costs one round trip whatever N is.
+
+Each message behaves as it would through `enqueue`: a live receipt of the same request is
+reused (and counted), a delivery key already in the outbox with the same message is the same
+send, a new one is written with its receipt. Inside the batch, a key given twice for the same
+request is one send (the later one gets the earlier one's receipt, `reused=True`).
+
+A conflict (a key reused for a different request, against the database or inside the batch)
+writes nothing at all: `BatchConflict` lists every offending message, so the caller can drop
+them and send the rest again. The abuse guard is not applied to batches (a batch is written
+by the application itself, not by a form anyone can submit); `guard=` is refused with an
+error rather than ignored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
+from leasebox.errors import BatchConflict, ConfigurationError, ConflictingRequest, DatabaseError
+from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
+from leasebox.producer.guard import AbuseGuard
+from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
+
+__all__ = ["enqueue_many", "enqueue_many_async"]
+
+_Statement = tuple[bytes, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The statements of one batch and how to read their answer back in input order."""
+
+    lock: _Statement | None
+    write: _Statement
+    # For each input message: its position among the rows written (`ord` - 1), and whether
+    # an earlier message of the batch already stands for the same send.
+    slots: tuple[tuple[int, bool], ...]
+    keys: tuple[str | None, ...]
+    scope: str | None
+    scope_name: str
+
+
+def _prepare(
+    messages: Sequence[OutboxMessage],
+    idempotency_keys: Sequence[str | None] | None,
+    scope: str | None,
+    request_hashes: Sequence[str | None] | None,
+    guard: AbuseGuard | None,
+    receipt_ttl_seconds: float,
+    schema: str,
+    cipher: PayloadCipher,
+) -> _Batch:
+    if guard is not None:
+        raise ConfigurationError(
+            "enqueue_many does not apply an abuse guard; call enqueue(..., guard=...) per "
+            "message for requests that need one"
+        )
+    if isinstance(messages, OutboxMessage) or not all(
+        isinstance(m, OutboxMessage) for m in messages
+    ):
+        raise TypeError("enqueue_many takes a sequence of OutboxMessage")
+    count = len(messages)
+    keys = _per_message(idempotency_keys, count, "idempotency_keys")
+    hashes = _per_message(request_hashes, count, "request_hashes")
+    scope_name = scope or "default"
+
+    columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+    slots: list[tuple[int, bool]] = []
+    conflicts: list[ConflictingRequest] = []
+    by_key: dict[str, tuple[int, str]] = {}  # idempotency key -> (slot, fingerprint)
+    by_delivery_key: dict[str, str] = {}  # explicit delivery key -> message hash
+    written_keys: set[str] = set()
+    for index, message in enumerate(messages):
+        key = keys[index]
+        message_hash = message.request_hash()
+        fingerprint = hashes[index] or message_hash
+        if key is not None:
+            earlier = by_key.get(key)
+            if earlier is not None:
+                if earlier[1] != fingerprint:
+                    conflicts.append(ConflictingRequest(index, key, None, None))
+                slots.append((earlier[0], True))
+                continue
+        explicit = message.delivery_key
+        repeated = False
+        if explicit is not None:
+            known = by_delivery_key.setdefault(explicit, message_hash)
+            if known != message_hash:
+                conflicts.append(ConflictingRequest(index, None, explicit, None))
+            repeated = explicit in written_keys
+            written_keys.add(explicit)
+        slot = len(columns["kinds"])
+        if key is not None:
+            by_key[key] = (slot, fingerprint)
+        slots.append((slot, repeated))
+        columns["kinds"].append(message.kind)
+        columns["aggregate_ids"].append(message.aggregate_id)
+        columns["recipients"].append(message.recipient)
+        columns["recipient_keys"].append(message.recipient_key)
+        columns["message_hashes"].append(message_hash)
+        columns["templates"].append(message.template)
+        columns["data"].append(Jsonb(message.data))
+        columns["secrets"].append(cipher.seal(message.secrets) if message.secrets else None)
+        columns["delivery_keys"].append(explicit or f"{message.kind}:{uuid.uuid4().hex}")
+        columns["max_attempts"].append(message.max_attempts)
+        columns["available_at"].append(message.available_at)
+        columns["expires_at"].append(message.expires_at)
+        columns["idempotency_keys"].append(key)
+        columns["request_hashes"].append(fingerprint)
+    if conflicts:
+        raise BatchConflict(scope_name, conflicts)
+
+    receipt_keys = [f"leasebox.receipt\x1f{scope_name}\x1f{k}" for k in by_key]
+    delivery_locks = [f"leasebox.delivery\x1f{k}" for k in by_delivery_key]
+    lock = None
+    if receipt_keys or delivery_locks:
+        lock = (
+            query_bytes("lock_keys", schema),
+            {"receipt_keys": receipt_keys, "delivery_keys": delivery_locks},
+        )
+    params: dict[str, Any] = {
+        **columns,
+        "scope": scope_name,
+        "ttl_seconds": receipt_ttl_seconds,
+    }
+    return _Batch(
+        lock,
+        (query_bytes("enqueue_many", schema), params),
+        tuple(slots),
+        tuple(keys),
+        scope,
+        scope_name,
+    )
+
+
+_COLUMNS = (
+    "kinds",
+    "aggregate_ids",
+    "recipients",
+    "recipient_keys",
+    "message_hashes",
+    "templates",
+    "data",
+    "secrets",
+    "delivery_keys",
+    "max_attempts",
+    "available_at",
+    "expires_at",
+    "idempotency_keys",
+    "request_hashes",
+)
+
+
+def _per_message(values: Sequence[str | None] | None, count: int, name: str) -> list[str | None]:
+    if values is None:
+        return [None] * count
+    if isinstance(values, str) or len(values) != count:
+        raise ValueError(f"{name} must be a sequence with one entry per message")
+    if not all(v is None or (isinstance(v, str) and v) for v in values):
+        raise ValueError(f"every entry of {name} must be a non-empty string or None")
+    return list(values)
+
+
+def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
+    """The receipts in input order, from the statement's rows (one per row written)."""
+    written: dict[int, tuple[str, int | None, str]] = {}
+    conflicts: list[ConflictingRequest] = []
+    for ord_, source, outbox_id, delivery_key in rows:
+        slot = int(ord_) - 1
+        if source in ("conflict", "receipt_conflict"):
+            index = next(i for i, (s, _) in enumerate(batch.slots) if s == slot)
+            key = batch.keys[index] if source == "receipt_conflict" else None
+            conflicts.append(
+                ConflictingRequest(index, key, None if key else delivery_key, int(outbox_id))
+            )
+        written[slot] = (source, None if outbox_id is None else int(outbox_id), delivery_key)
+    if conflicts:
+        raise BatchConflict(batch.scope_name, sorted(conflicts, key=lambda c: c.index))
+    receipts = []
+    for index, (slot, repeated) in enumerate(batch.slots):
+        source, outbox_id, delivery_key = written[slot]
+        if outbox_id is None:
+            raise DatabaseError(
+                f"an outbox row with delivery key {delivery_key!r} was written concurrently "
+                "without leasebox's lock; retry the transaction"
+            )
+        key = batch.keys[index]
+        receipts.append(
+            Receipt(
+                outbox_id=outbox_id,
+                delivery_key=delivery_key,
+                reused=repeated or source != "inserted",
+                scope=batch.scope_name if key is not None else batch.scope,
+                idempotency_key=key,
+            )
+        )
+    return receipts
+
+
+def enqueue_many(
+    conn: psycopg.Connection[Any],
+    messages: Sequence[OutboxMessage],
+    *,
+    idempotency_keys: Sequence[str | None] | None = None,
+    scope: str | None = None,
+    request_hashes: Sequence[str | None] | None = None,
+    guard: AbuseGuard | None = None,
+    receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
+    schema: str = DEFAULT_SCHEMA,
+    cipher: PayloadCipher | None = None,
+) -> list[Receipt]:
+    """Write `messages` to the outbox in the caller's open transaction, in one statement.
+
+    `idempotency_keys` (one per message, None for none) and `request_hashes` work as in
+    `enqueue`; returns one `Receipt` per message, in input order. Raises `BatchConflict`,
+    having written nothing, when any message reuses a key for a different request.
+    """
+    batch = _prepare(
+        messages,
+        idempotency_keys,
+        scope,
+        request_hashes,
+        guard,
+        receipt_ttl_seconds,
+        schema,
+        cipher or default_cipher(),
+    )
+    if not batch.slots:
+        return []
+    with conn.cursor() as cur:
+        if batch.lock is not None:
+            # One round trip: the locks are taken by the statement before the writer, so the
+            # writer's snapshot sees whatever a previous holder of a lock committed.
+            with conn.pipeline():
+                conn.execute(*batch.lock, prepare=True)
+                cur.execute(*batch.write, prepare=True)
+        else:
+            cur.execute(*batch.write, prepare=True)
+        rows = cur.fetchall()
+    return _receipts(batch, rows)
+
+
+async def enqueue_many_async(
+    conn: psycopg.AsyncConnection[Any],
+    messages: Sequence[OutboxMessage],
+    *,
+    idempotency_keys: Sequence[str | None] | None = None,
+    scope: str | None = None,
+    request_hashes: Sequence[str | None] | None = None,
+    guard: AbuseGuard | None = None,
+    receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
+    schema: str = DEFAULT_SCHEMA,
+    cipher: PayloadCipher | None = None,
+) -> list[Receipt]:
+    """`enqueue_many` for an async connection; the same semantics."""
+    batch = _prepare(
+        messages,
+        idempotency_keys,
+        scope,
+        request_hashes,
+        guard,
+        receipt_ttl_seconds,
+        schema,
+        cipher or default_cipher(),
+    )
+    if not batch.slots:
+        return []
+    async with conn.cursor() as cur:
+        if batch.lock is not None:
+            async with conn.pipeline():
+                await conn.execute(*batch.lock, prepare=True)
+                await cur.execute(*batch.write, prepare=True)
+        else:
+            await cur.execute(*batch.write, prepare=True)
+        rows = await cur.fetchall()
+    return _receipts(batch, rows)
