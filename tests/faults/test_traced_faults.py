@@ -16,7 +16,6 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.cli.main import main
-from leasebox.db.queries import read_sql_file
 from leasebox.delivery.providers import provider_from_url
 from leasebox.delivery.providers.base import derived_message_id
 from leasebox.inspection.narrative import chronicle, copies_answer, requests_answer
@@ -30,9 +29,6 @@ from support.fault_rig import SETTINGS, judge, run_until_final, seed
 
 pytestmark = pytest.mark.slow
 WORKER = SETTINGS.worker_id
-# Receipts count the retried requests that reuse them once the producer maintains
-# `reuse_count` (the enqueue statement that increments it).
-RECEIPTS_COUNT_REUSES = "reuse_count = r.reuse_count + 1" in read_sql_file("queries.sql")
 
 
 def traced(conn: psycopg.Connection[Any], **selector: Any) -> Trace:
@@ -100,11 +96,6 @@ async def test_a_transient_refusal_then_a_send_is_one_owner_and_one_copy(
         assert copies_answer(send) == "the provider accepted 1 copy"
 
 
-@pytest.mark.xfail(
-    not RECEIPTS_COUNT_REUSES,
-    reason="the producer does not count the requests that reuse a receipt yet",
-    strict=True,
-)
 async def test_retried_requests_that_reuse_a_receipt_are_one_logical_send(
     db_pool: AsyncConnectionPool, db_conn: psycopg.Connection[Any], cipher: PayloadCipher
 ) -> None:
