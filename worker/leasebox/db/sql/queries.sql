@@ -1,5 +1,5 @@
 -- Named queries, loaded by name (`-- name: <name>` starts a query, the next line says what it
--- does; `-- fragment:` defines a shared predicate that `-- include:` inserts).
+-- does; `-- fragment:` defines shared SQL that `-- include:` inserts).
 -- `{schema}` is the configured schema, quoted as an identifier; `%(x)s` are bound parameters.
 -- `coalesce(%(now)s::timestamptz, now())` lets tests inject the clock; production passes NULL
 -- so that every worker shares the database's clock.
@@ -331,6 +331,15 @@ SELECT id, kind, aggregate_id, recipient, template, data, secrets, delivery_key,
 FROM claimed
 ORDER BY available_at, id;
 
+-- fragment: lost_leases
+-- The settling statements' batch rows whose lease no longer matched (rows still in the
+-- outbox), each with the `claimed` history row `c` of the lease it lost.
+FROM d
+JOIN {schema}.outbox AS o ON o.id = d.id
+LEFT JOIN {schema}.history AS c
+    ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
+WHERE d.id NOT IN (SELECT id FROM settled)
+
 -- name: mark_sent
 -- Settle sent rows whose lease token still matches, with their history; returns their latency.
 -- The four settling statements share one shape: `d` is the batch as the worker sends it,
@@ -370,11 +379,7 @@ lost AS (
         (outbox_id, event, at, attempt, lease_token, worker_id, provider_message_id)
     SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
            %(worker_id)s, d.provider_message_id
-    FROM d
-    JOIN {schema}.outbox AS o ON o.id = d.id
-    LEFT JOIN {schema}.history AS c
-        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
-    WHERE d.id NOT IN (SELECT id FROM settled)
+    -- include: lost_leases
 )
 SELECT id, latency FROM settled;
 
@@ -414,11 +419,7 @@ lost AS (
         (outbox_id, event, at, attempt, lease_token, worker_id, error_class, error)
     SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
            %(worker_id)s, d.error_class, d.error
-    FROM d
-    JOIN {schema}.outbox AS o ON o.id = d.id
-    LEFT JOIN {schema}.history AS c
-        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
-    WHERE d.id NOT IN (SELECT id FROM settled)
+    -- include: lost_leases
 )
 SELECT id FROM settled;
 
@@ -456,11 +457,7 @@ lost AS (
         (outbox_id, event, at, attempt, lease_token, worker_id, error_class, error)
     SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
            %(worker_id)s, d.error_class, d.error
-    FROM d
-    JOIN {schema}.outbox AS o ON o.id = d.id
-    LEFT JOIN {schema}.history AS c
-        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
-    WHERE d.id NOT IN (SELECT id FROM settled)
+    -- include: lost_leases
 )
 SELECT id FROM settled;
 
@@ -502,11 +499,7 @@ lost AS (
     INSERT INTO {schema}.history (outbox_id, event, at, attempt, lease_token, worker_id)
     SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
            %(worker_id)s
-    FROM d
-    JOIN {schema}.outbox AS o ON o.id = d.id
-    LEFT JOIN {schema}.history AS c
-        ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
-    WHERE d.id NOT IN (SELECT id FROM settled)
+    -- include: lost_leases
 )
 SELECT id FROM settled;
 
