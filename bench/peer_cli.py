@@ -42,9 +42,10 @@ def parse(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=0, help="0: the peer's bench default")
     parser.add_argument(
         "--table",
-        choices=("leasebox", "minimal"),
+        choices=("leasebox", "minimal", "statements", "statements-no-history"),
         default="leasebox",
-        help="the plain loop's table: leasebox's outbox or the minimal one",
+        help="the plain loop's table (leasebox's outbox or the minimal one), or leasebox's "
+        "own statements on its outbox, with or without their history inserts",
     )
     return parser.parse_args(argv)
 

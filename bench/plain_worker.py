@@ -6,18 +6,24 @@ retries, no metrics, no lease extension, no templates. On the *minimal* table (a
 state, a lease, the payload, one partial index) it is the limit of this workload on this
 machine; on *leasebox's own* outbox it is the same loop paying for leasebox's schema, so
 the gap between the two is what the schema costs and the gap to leasebox what its worker
-costs. Run as `python -m bench.plain_worker work --dsn URL [--table minimal]`.
+costs. Two more loops run leasebox's *own* `claim` and `mark_sent` statements with nothing
+around them, once as shipped and once with their attempt-history inserts cut out
+(`without_history`), so every run shows what writing the history costs the database. Run as
+`python -m bench.plain_worker work --dsn URL [--table minimal|statements|statements-no-history]`.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
 from bench.peer_cli import parse
 from bench.sqlfiles import bench_query
+from leasebox.db.queries import DEFAULT_SCHEMA, compose, named_queries
 
 MINIMAL_SCHEMA = "bench_minimal"
 STATEMENTS = {
@@ -26,8 +32,33 @@ STATEMENTS = {
 }
 
 
+PRODUCT_TABLES = ("statements", "statements-no-history")
+# A data-modifying CTE of leasebox's statements that writes the history: `name AS (` up to
+# the `)` that closes it at the start of a line, with the comma before it.
+_HISTORY_CTE = re.compile(
+    r",\n(?:logged|lost) AS \(\n(?:(?!\n\)).)*INSERT INTO \{schema\}\.history.*?\n\)", re.S
+)
+
+
+def without_history(text: str) -> str:
+    """A leasebox statement with its attempt-history inserts cut out (what it would cost
+    without the history); the rest is unchanged."""
+    return _HISTORY_CTE.sub("", text)
+
+
+def product_statements(history: bool) -> tuple[Any, Any]:
+    """leasebox's own `claim` and `mark_sent`, as shipped or without their history writes."""
+    texts = [named_queries()[name].text for name in ("claim", "mark_sent")]
+    if not history:
+        texts = [without_history(text) for text in texts]
+    claim, mark = (compose(text, DEFAULT_SCHEMA) for text in texts)
+    return claim, mark
+
+
 def drain(dsn: str, batch_size: int, table: str = "leasebox") -> int:
     """Drain every ready row of `table`; return how many this process sent."""
+    if table in PRODUCT_TABLES:
+        return _drain_with_product_statements(dsn, batch_size, history=table == "statements")
     sent = 0
     claim_name, mark_name = STATEMENTS[table]
     if table == "minimal":
@@ -43,6 +74,39 @@ def drain(dsn: str, batch_size: int, table: str = "leasebox") -> int:
             ids = [row[0] for row in rows]
             tokens = [row[1] for row in rows]
             conn.execute(mark, {"ids": ids, "tokens": tokens})
+            sent += len(ids)
+
+
+def _drain_with_product_statements(dsn: str, batch_size: int, *, history: bool) -> int:
+    sent = 0
+    claim, mark = product_statements(history)
+    worker = "bench-statements"
+    claiming = {
+        "kinds": ["otp"],
+        "limit": batch_size,
+        "lease_seconds": 45.0,
+        "worker_id": worker,
+        "now": None,
+    }
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            cur = conn.execute(claim, claiming)
+            if cur.description is None:
+                return sent
+            names = [column.name for column in cur.description]
+            at_id, at_token = names.index("id"), names.index("lease_token")
+            rows = cur.fetchall()
+            if not rows:
+                return sent
+            ids = [row[at_id] for row in rows]
+            marking = {
+                "ids": ids,
+                "tokens": [row[at_token] for row in rows],
+                "provider_message_ids": [None] * len(rows),
+                "worker_id": worker,
+                "now": None,
+            }
+            conn.execute(mark, marking)
             sent += len(ids)
 
 

@@ -34,7 +34,11 @@ SEED_CHUNK = 50_000
 LEASEBOX = "leasebox"
 PLAIN_MINIMAL = "plain loop, minimal table"
 PLAIN_LEASEBOX_SCHEMA = "plain loop, leasebox schema"
-YARDSTICKS = frozenset({PLAIN_MINIMAL, PLAIN_LEASEBOX_SCHEMA})
+STATEMENTS_WITH_HISTORY = "leasebox's statements, history on"
+STATEMENTS_WITHOUT_HISTORY = "leasebox's statements, history cut out"
+YARDSTICKS = frozenset(
+    {PLAIN_MINIMAL, PLAIN_LEASEBOX_SCHEMA, STATEMENTS_WITH_HISTORY, STATEMENTS_WITHOUT_HISTORY}
+)
 
 
 def python_module(module: str) -> list[str]:
@@ -262,6 +266,27 @@ def plain_system() -> DrainSystem:
     )
 
 
+def statements_system(history: bool = True) -> DrainSystem:
+    """The plain loop running leasebox's own `claim` and `mark_sent`, as shipped or with
+    their attempt-history inserts cut out: what the history costs the database."""
+    return DrainSystem(
+        name=STATEMENTS_WITH_HISTORY if history else STATEMENTS_WITHOUT_HISTORY,
+        label="statements" if history else "statements-no-history",
+        version="this tree",
+        settings={
+            **PLAIN_SETTINGS,
+            "claim": "leasebox's `claim` statement, 100 rows",
+            "complete": "leasebox's `mark_sent` statement"
+            + ("" if history else ", both with their history inserts cut out"),
+            "table": "leasebox.outbox (leasebox's schema and indexes)",
+        },
+        needs_leasebox_schema=True,
+        seed=seed_outbox,
+        worker_command=_plain_command("statements" if history else "statements-no-history"),
+        verify=verify_outbox,
+    )
+
+
 def plain_minimal_system() -> DrainSystem:
     """The plain loop on a minimal outbox table: the workload's limit."""
     return DrainSystem(
@@ -409,6 +434,8 @@ FACTORIES: dict[str, Callable[[], DrainSystem]] = {
     "leasebox": leasebox_system,
     "minimal": plain_minimal_system,
     "plain": plain_system,
+    "statements": statements_system,
+    "statements-no-history": lambda: statements_system(history=False),
     "pgqueuer": pgqueuer_system,
     "procrastinate": procrastinate_system,
     "pgboss": pgboss_system,

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.accounting import ratio
-from bench.systems import LEASEBOX, PLAIN_LEASEBOX_SCHEMA, PLAIN_MINIMAL, YARDSTICKS
+from bench.systems import (
+    LEASEBOX,
+    PLAIN_LEASEBOX_SCHEMA,
+    PLAIN_MINIMAL,
+    STATEMENTS_WITH_HISTORY,
+    STATEMENTS_WITHOUT_HISTORY,
+    YARDSTICKS,
+)
 
 MET, MISSED, NOT_EVALUATED, MISSING, REPORTED = (
     "met",
@@ -160,6 +167,7 @@ def drain_targets(
                 f"{times(ratio(schema, limit))} the limit)",
             )
         )
+    found += history_cost_targets(drain, sizes)
     if backlog is not None and sizes:
         small = min(sizes)
         mine, before = _rate(drain, LEASEBOX, backlog, 1), _rate(drain, LEASEBOX, small, 1)
@@ -173,6 +181,28 @@ def drain_targets(
                 ratio(mine, before),
                 f"{per_second(mine)} vs {per_second(before)}; the minimal table {times(steady)}",
                 at_least=0.9,
+            )
+        )
+    return found
+
+
+def history_cost_targets(drain: Sequence[Mapping[str, Any]], sizes: Sequence[int]) -> list[Target]:
+    """What writing the attempt history costs leasebox's claim and mark_sent statements on
+    their own, where both loops ran: the most it can cost the worker, whose drain also waits
+    on its own work (reported beside the worker's figures; see bench/README.md)."""
+    found: list[Target] = []
+    for rows in sizes:
+        if _row(drain, STATEMENTS_WITH_HISTORY, rows, 1) is None:
+            continue
+        on = _rate(drain, STATEMENTS_WITH_HISTORY, rows, 1)
+        off = _rate(drain, STATEMENTS_WITHOUT_HISTORY, rows, 1)
+        found.append(
+            reported(
+                f"history-cost-{_k(rows)}",
+                f"attempt history, {rows:,} rows, 1 process: leasebox's claim and mark_sent "
+                "with it against the same without",
+                ratio(on, off),
+                f"{per_second(on)} with it vs {per_second(off)} without",
             )
         )
     return found

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,21 +16,26 @@ from bench.drain import DrainResult, keep_better, run_drain
 from bench.enqueue_rate import LEASEBOX_MANY, MANY, batch_api, run_enqueue
 from bench.history import prune_oldest_day, retention_error, run_history, seed_history
 from bench.pgserver import BenchServer
+from bench.plain_worker import product_statements, without_history
 from bench.providers import run_http, run_smtp
 from bench.systems import (
     LEASEBOX,
     PLAIN_LEASEBOX_SCHEMA,
     PLAIN_MINIMAL,
+    STATEMENTS_WITH_HISTORY,
+    STATEMENTS_WITHOUT_HISTORY,
     leasebox_system,
     plain_minimal_system,
     plain_system,
     seed_minimal,
     seed_outbox,
+    statements_system,
     verify_minimal,
     verify_outbox,
 )
 
 import leasebox
+from leasebox.db.queries import named_queries
 
 SYSTEM_SOCKET = Path("/var/run/postgresql/.s.PGSQL.5432")
 
@@ -122,16 +128,24 @@ def test_minimal_table_accounting_sees_a_row_left_unsent(empty_db_dsn: str) -> N
 
 
 @pytest.mark.slow
-def test_a_tiny_drain_of_leasebox_and_both_plain_loops_sends_every_row_exactly_once(
+def test_a_tiny_drain_of_leasebox_and_every_plain_loop_sends_every_row_exactly_once(
     bench_server: BenchServer,
 ) -> None:
-    systems = [plain_minimal_system(), plain_system(), leasebox_system()]
+    systems = [
+        plain_minimal_system(),
+        plain_system(),
+        statements_system(),
+        statements_system(history=False),
+        leasebox_system(),
+    ]
 
     results = run_drain(bench_server, systems, [(300, 1)], timeout=60)
 
     assert [(r.system, r.error) for r in results] == [
         (PLAIN_MINIMAL, ""),
         (PLAIN_LEASEBOX_SCHEMA, ""),
+        (STATEMENTS_WITH_HISTORY, ""),
+        (STATEMENTS_WITHOUT_HISTORY, ""),
         (LEASEBOX, ""),
     ]
     for result in results:
@@ -143,6 +157,26 @@ def test_a_tiny_drain_of_leasebox_and_both_plain_loops_sends_every_row_exactly_o
         assert result.cpu_us_per_message is not None
 
 
+def test_cutting_the_history_out_of_leasebox_statements_leaves_the_rest_intact(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    for name in ("claim", "mark_sent"):
+        shipped = named_queries()[name].text
+        cut = without_history(shipped)
+        assert "{schema}.history" in shipped
+        assert "{schema}.history" not in cut
+        assert "UPDATE {schema}.outbox" in cut
+        assert len(cut.splitlines()) < len(shipped.splitlines())
+    claim, mark = product_statements(history=False)
+    db_conn.execute(
+        claim, {"kinds": ["otp"], "limit": 1, "lease_seconds": 1, "worker_id": "w", "now": None}
+    )
+    db_conn.execute(
+        mark,
+        {"ids": [], "tokens": [], "provider_message_ids": [], "worker_id": "w", "now": None},
+    )
+
+
 def test_history_is_seeded_evenly_over_its_days(db_dsn: str) -> None:
     seed_history(db_dsn, 1000, days=10)
 
@@ -151,8 +185,13 @@ def test_history_is_seeded_evenly_over_its_days(db_dsn: str) -> None:
             "SELECT count(*), count(*) FILTER (WHERE sent_at < now() - interval '9 days'), "
             "count(*) FILTER (WHERE status = 'sent') FROM leasebox.outbox"
         ).fetchone()
+        events = conn.execute(
+            "SELECT event, count(DISTINCT outbox_id), count(*) FROM leasebox.history "
+            "GROUP BY event ORDER BY event"
+        ).fetchall()
 
     assert row == (1000, 100, 1000)
+    assert events == [("claimed", 1000, 1000), ("sent", 1000, 1000)]
 
 
 def test_retention_drops_the_oldest_day_and_nothing_newer(db_dsn: str) -> None:

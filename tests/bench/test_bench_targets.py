@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.systems import LEASEBOX, PLAIN_LEASEBOX_SCHEMA, PLAIN_MINIMAL
+from bench.systems import (
+    LEASEBOX,
+    PLAIN_LEASEBOX_SCHEMA,
+    PLAIN_MINIMAL,
+    STATEMENTS_WITH_HISTORY,
+    STATEMENTS_WITHOUT_HISTORY,
+)
 from bench.targets import (
     MET,
     MISSED,
@@ -94,6 +100,22 @@ def test_the_drain_is_judged_against_the_minimal_table_and_reported_against_its_
     assert found["drain-0.1k-1p-vs-limit"].ratio == 0.59
     assert found["drain-0.1k-1p-vs-schema"].status == REPORTED
     assert "0.70x the limit" in found["drain-0.1k-1p-vs-schema"].measured
+
+
+def test_the_historys_cost_is_its_statements_with_it_against_without_it_where_both_ran() -> None:
+    drain = [
+        _drain(LEASEBOX, 100, 1, 590.0),
+        _drain(STATEMENTS_WITH_HISTORY, 100, 1, 880.0),
+        _drain(STATEMENTS_WITHOUT_HISTORY, 100, 1, 1000.0),
+    ]
+
+    found = _by_name(drain_targets(drain, [100]))
+    alone = _by_name(drain_targets([_drain(LEASEBOX, 100, 1, 590.0)], [100]))
+
+    assert found["history-cost-0.1k"].status == REPORTED
+    assert found["history-cost-0.1k"].ratio == 0.88
+    assert found["history-cost-0.1k"].measured == "880/s with it vs 1,000/s without"
+    assert "history-cost-0.1k" not in alone
 
 
 def test_the_backlog_drain_must_keep_ninety_percent_of_the_small_rate() -> None:
