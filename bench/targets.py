@@ -134,7 +134,11 @@ def drain_targets(
             best = max(measured, key=lambda n: measured[n], default=None)
             failed = sorted(n for n, v in peers.items() if v is None)
             top = measured.get(best or "")
-            detail = f"leasebox {per_second(mine)}, best peer {best} {per_second(top)}"
+            detail = (
+                f"leasebox {per_second(mine)}, best peer {best} {per_second(top)}"
+                if best is not None
+                else f"leasebox {per_second(mine)}, no peer measured"
+            )
             if failed:
                 detail += f" ({', '.join(failed)} failed: not counted)"
             found.append(
