@@ -131,7 +131,7 @@ def test_the_report_tells_each_duplicate_from_its_attempt_history() -> None:
     text = render(summarise(evidence()))
     assert "Duplicates, from the attempt history (`leasebox trace --id N`)" in text
     assert f"outbox id 2, 2 copies, worker killed mid-send: {KILLED_STORY}" in text
-    assert "holding 1 lease(s): by the attempt history, 1 of them reached the server" in text
+    assert "holding 1 lease(s): by the attempt history, 1 of them was taken by the server" in text
 
 
 def test_more_than_one_extra_copy_per_crash_fails_the_verdict() -> None:

@@ -399,9 +399,9 @@ def render(summary: Summary) -> str:
         caused = sum(d.copies - 1 for d in summary.duplicates if kill.worker_id in d.vanished)
         lines.append(
             f"  killed {kill.worker_id} at t={kill.at_seconds:.1f}s holding "
-            f"{len(kill.leased_ids)} lease(s): by the attempt history, {caused} of them reached "
-            "the server before the kill and were sent again after the lease ran out, under the "
-            "same Message-ID"
+            f"{len(kill.leased_ids)} lease(s): by the attempt history, {caused} of them "
+            f"{'was' if caused == 1 else 'were'} taken by the server before the kill and sent "
+            "again after the lease ran out, under the same Message-ID"
         )
     if summary.duplicates:
         lines += ["", "Duplicates, from the attempt history (`leasebox trace --id N`)"]
