@@ -195,7 +195,7 @@ class Worker:
             self._spawn(self._sweeper(), "sweeper"),
         ]
         if s.listen and self._dsn:
-            helpers.append(self._spawn(self._listener(), "listener"))
+            helpers.append(self._spawn(self._listener(self._dsn), "listener"))
         try:
             await self._claim_loop()
         finally:
@@ -496,6 +496,5 @@ class Worker:
             self._wake.set()
         return touched
 
-    async def _listener(self) -> None:
-        assert self._dsn is not None
-        await upkeep.listen_for_rows(self._dsn, self.settings.schema, self._wake)
+    async def _listener(self, dsn: str) -> None:
+        await upkeep.listen_for_rows(dsn, self.settings.schema, self._wake)

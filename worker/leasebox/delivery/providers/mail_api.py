@@ -261,8 +261,12 @@ class MailApiProvider:
     # -- shared --------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._open_session()
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        """The provider's HTTP session, opened on first use or again after a close."""
         if self._session is not None and not self._session.closed:
-            return
+            return self._session
         self._session = aiohttp.ClientSession(
             headers={
                 "User-Agent": f"leasebox/{__version__}",
@@ -271,15 +275,14 @@ class MailApiProvider:
             },
             timeout=aiohttp.ClientTimeout(total=self.settings.timeout),
         )
+        return self._session
 
     async def send(self, email: Email) -> SendResult:
-        if self._session is None or self._session.closed:
-            await self.start()
-        assert self._session is not None
+        session = self._open_session()
         request = self.build(email)
         target = self.settings.endpoint
         try:
-            async with self._session.post(
+            async with session.post(
                 target,
                 json=request.json if request.form is None else None,
                 data=aiohttp.FormData(request.form) if request.form is not None else None,
