@@ -13,35 +13,17 @@ from leasebox import (
     BatchConflict,
     ConfigurationError,
     IdempotencyConflict,
-    OutboxMessage,
     enqueue,
     enqueue_many,
     enqueue_many_async,
 )
 from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
+from support.outbox_rows import count, otp
 
 
 @pytest.fixture(autouse=True)
 def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
-
-
-def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:
-    fields: dict[str, Any] = {
-        "kind": "otp",
-        "recipient": recipient,
-        "aggregate_id": "user-1",
-        "data": {"minutes_valid": 10},
-        "secrets": {"code": "493817"},
-    }
-    fields.update(overrides)
-    return OutboxMessage(**fields)
-
-
-def count(conn: psycopg.Connection[Any], table: str) -> int:
-    row = conn.execute(f"SELECT count(*) FROM leasebox.{table}").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_a_mixed_batch_gets_one_receipt_per_message_in_input_order(

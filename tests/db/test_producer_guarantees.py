@@ -16,18 +16,13 @@ from leasebox.cli.main import main
 from leasebox.errors import ConfigurationError
 from leasebox.store.dead_letters import DeadLetterFilter, purge_dead_letters
 from leasebox.store.pruning import prune
+from support.outbox_rows import count
 
 
 def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:
     fields: dict[str, Any] = {"kind": "otp", "recipient": recipient, "aggregate_id": "user-1"}
     fields.update(overrides)
     return OutboxMessage(**fields)
-
-
-def count(conn: psycopg.Connection[Any], table: str) -> int:
-    row = conn.execute(f"SELECT count(*) FROM leasebox.{table}").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def race(racers: int, request: Callable[[int], str]) -> tuple[list[str], list[BaseException]]:

@@ -13,36 +13,18 @@ import pytest
 from leasebox import (
     AbuseGuard,
     IdempotencyConflict,
-    OutboxMessage,
     RateLimited,
     enqueue,
     enqueue_async,
 )
 from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE, PayloadCipher, generate_key
+from support.outbox_rows import count, otp
 
 
 @pytest.fixture(autouse=True)
 def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests are about receipts and limits, not encryption: they opt in to plaintext."""
     monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
-
-
-def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:
-    fields: dict[str, Any] = {
-        "kind": "otp",
-        "recipient": recipient,
-        "aggregate_id": "user-1",
-        "data": {"minutes_valid": 10},
-        "secrets": {"code": "493817"},
-    }
-    fields.update(overrides)
-    return OutboxMessage(**fields)
-
-
-def count(conn: psycopg.Connection[Any], table: str) -> int:
-    row = conn.execute(f"SELECT count(*) FROM leasebox.{table}").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_enqueue_writes_in_the_callers_transaction_and_never_commits(

@@ -10,40 +10,26 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
-from datetime import datetime
+from dataclasses import fields
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import class_row, dict_row
 
+# The product's row type, so that a column added to the table is added once.
+from leasebox.store.history import HistoryEvent as Event
 
-@dataclass(frozen=True)
-class Event:
-    """One history row, as stored."""
-
-    outbox_id: int
-    id: int
-    event: str
-    at: datetime
-    attempt: int | None
-    lease_token: uuid.UUID | None
-    worker_id: str | None
-    lease_expires_at: datetime | None
-    retry_delay_seconds: float | None
-    error_class: str | None
-    error: str | None
-    dead_reason: str | None
-    provider_message_id: str | None
-
-    def fields(self) -> dict[str, Any]:
-        """The columns that describe the event (not its ids or row order)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in {"outbox_id", "id", "event"} and getattr(self, f.name) is not None
-        }
+__all__ = [
+    "Event",
+    "check_histories",
+    "check_history",
+    "count_rows",
+    "events",
+    "histories",
+    "histories_at",
+    "history_of",
+]
 
 
 def _select(schema: str, where: sql.Composable) -> sql.Composed:

@@ -1,4 +1,5 @@
-"""What several commands share, defined once: database options, kind lists, durations."""
+"""What several commands share, defined once: database options, kind lists, durations,
+positive counts."""
 
 from __future__ import annotations
 
@@ -56,3 +57,14 @@ def kinds_list(value: str) -> list[str]:
             f"invalid kind list {value!r}: kinds are lower-case identifiers separated by commas"
         )
     return kinds
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: a whole number of at least 1 (limits, batch sizes, ids)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
+    return number

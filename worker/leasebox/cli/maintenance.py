@@ -13,7 +13,7 @@ import argparse
 import json
 from typing import Any
 
-from leasebox.cli.common import add_database_options, kinds_list
+from leasebox.cli.common import add_database_options, kinds_list, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -46,9 +46,9 @@ def register(subparsers: Any) -> None:
             help="only these outbox ids (repeatable)",
         )
         parser.add_argument("--json", action="store_true", help="print JSON")
-    listing.add_argument("--limit", type=_positive_int, default=100, help="default: 100")
-    requeue.add_argument("--limit", type=_positive_int, help="default: every match")
-    purge.add_argument("--limit", type=_positive_int, help="default: every match")
+    listing.add_argument("--limit", type=positive_int, default=100, help="default: 100")
+    requeue.add_argument("--limit", type=positive_int, help="default: every match")
+    purge.add_argument("--limit", type=positive_int, help="default: every match")
     requeue.add_argument(
         "--clear-expiry",
         action="store_true",
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     add_database_options(prune)
     prune.add_argument("--retention", default="7d", help="keep this much history (default: 7d)")
     prune.add_argument(
-        "--batch-size", type=_positive_int, default=5000, help="rows per batch (default: 5000)"
+        "--batch-size", type=positive_int, default=5000, help="rows per batch (default: 5000)"
     )
     prune.add_argument(
         "--receipt-ttl",
@@ -85,16 +85,6 @@ def register(subparsers: Any) -> None:
     )
     prune.add_argument("--json", action="store_true", help="print JSON")
     prune.set_defaults(func=run_prune)
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
-    return number
 
 
 def _id_list(value: str) -> list[int]:

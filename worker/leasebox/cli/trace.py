@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from leasebox.cli.common import add_database_options, kinds_list
+from leasebox.cli.common import add_database_options, kinds_list, positive_int
 
 if TYPE_CHECKING:
     from leasebox.store.history import Selector
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
     )
     add_database_options(trace)
     chosen = trace.add_mutually_exclusive_group(required=True)
-    chosen.add_argument("--id", type=_positive, metavar="ID", help="an outbox id")
+    chosen.add_argument("--id", type=positive_int, metavar="ID", help="an outbox id")
     chosen.add_argument(
         "--delivery-key", type=_text("delivery key"), metavar="KEY", help="a delivery key"
     )
@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
     )
     trace.add_argument(
         "--limit",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help=f"at most this many sends (only with --aggregate-id; default: {DEFAULT_LIMIT})",
     )
@@ -76,16 +76,6 @@ def register(subparsers: Any) -> None:
         help="show recipients in full (default: masked, j***@example.com)",
     )
     trace.set_defaults(func=run_trace)
-
-
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
-    return number
 
 
 def _text(what: str) -> Callable[[str], str]:
