@@ -37,7 +37,7 @@ from leasebox.delivery.retrying import Failure, classify
 MAX_MESSAGE_ID_LENGTH = 255
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Accepted:
     """The provider took the message; its id (if usable) and what was wrong with the reply."""
 
@@ -61,19 +61,27 @@ def accepted(result: object) -> Accepted:
     """An acceptance from whatever `send` returned."""
     if not isinstance(result, SendResult):
         return Accepted(None, (f"the provider returned {type(result).__name__}, not a SendResult",))
-    warnings: list[str] = []
-    if result.warning:
-        warnings.append(one_line(str(result.warning)) or "the provider reported a problem")
     message_id, problem = usable_message_id(result.provider_message_id)
-    if problem:
-        warnings.append(problem)
-    return Accepted(message_id, tuple(warnings))
+    warnings: tuple[str, ...] = (problem,) if problem else ()
+    if result.warning:
+        reported = one_line(str(result.warning)) or "the provider reported a problem"
+        warnings = (reported, *warnings)
+    return Accepted(message_id, warnings)
 
 
 def usable_message_id(value: object) -> tuple[str | None, str | None]:
     """The id to store (or None) and, if the provider's id had to be changed, why."""
     if value is None:
         return None, None
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_MESSAGE_ID_LENGTH
+        and value.isprintable()
+        and value[0] != " "
+        and value[-1] != " "
+    ):
+        # The usual id: kept as it is (printable text has no whitespace to strip but spaces).
+        return value, None
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None, f"the provider's message id is a {type(value).__name__}, not text: dropped"
     text = str(value).strip()

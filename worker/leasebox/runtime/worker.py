@@ -365,8 +365,10 @@ class Worker:
     # -- sending -----------------------------------------------------------------------------
 
     async def _send_loop(self) -> None:
+        queue = self._queue
         while True:
-            held = await self._queue.get()
+            # A row already queued is taken at once, without the coroutine of `get()`.
+            held = queue.get_nowait() if queue.qsize() else await queue.get()
             if held is None:
                 return
             await self._deliver(held)

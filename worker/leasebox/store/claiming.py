@@ -65,16 +65,23 @@ class ClaimedMessage(NamedTuple):
         )
 
 
+# The claim's column names as the result reports them (bytes), to check a result cheaply.
+_FIELD_NAMES = tuple(name.encode() for name in ClaimedMessage._fields)
+
+
 def _claimed_rows(cursor: Any) -> Callable[[Sequence[Any]], ClaimedMessage]:
     """Rows of the claim as `ClaimedMessage`s: positionally when the columns are the fields in
-    order (checked once per statement), else by name."""
-    names = tuple(column.name for column in cursor.description or ())
-    if names == ClaimedMessage._fields:
+    order (checked once per statement, on the result's own names: `description` would build
+    a column object per column), else by name."""
+    result = cursor.pgresult
+    found = () if result is None else tuple(result.fname(i) for i in range(result.nfields))
+    if found == _FIELD_NAMES:
         return ClaimedMessage._make
+    names = tuple(column.name for column in cursor.description or ())
     return lambda values: ClaimedMessage(**dict(zip(names, values, strict=True)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseRef:
     """A row and the lease token its settling statement must match."""
 

@@ -25,7 +25,7 @@ from leasebox.states import DeadReason
 from leasebox.store.claiming import Connection, LeaseRef
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sent:
     """The provider accepted the message."""
 
@@ -33,7 +33,7 @@ class Sent:
     provider_message_id: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Retry:
     """A transient failure: pending again after `delay_seconds`."""
 
@@ -43,7 +43,7 @@ class Retry:
     error_class: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dead:
     """A permanent failure, no attempts left, or expired: a dead letter with a reason."""
 
@@ -53,7 +53,7 @@ class Dead:
     error_class: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Release:
     """Not sent (shutdown, or the lease ran out before the send began): ready again at once,
     with the claim's attempt given back."""
@@ -84,7 +84,8 @@ async def mark_sent(
     }
     async with conn.cursor() as cur:
         await cur.execute(query("mark_sent", schema), params)
-        return {int(outbox_id): latency.total_seconds() async for outbox_id, latency in cur}
+        rows = await cur.fetchall()
+    return {int(outbox_id): latency.total_seconds() for outbox_id, latency in rows}
 
 
 async def schedule_retry(
@@ -156,4 +157,5 @@ async def release_leases(
 async def _ids(conn: Connection, name: str, schema: str, params: dict[str, Any]) -> set[int]:
     async with conn.cursor() as cur:
         await cur.execute(query(name, schema), params)
-        return {int(outbox_id) async for (outbox_id,) in cur}
+        rows = await cur.fetchall()
+    return {int(outbox_id) for (outbox_id,) in rows}
