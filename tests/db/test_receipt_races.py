@@ -1,0 +1,169 @@
+"""Requests that share an idempotency key while one of them is still uncommitted.
+
+`enqueue` and `enqueue_many` serialise on the key's advisory lock (a batch takes the locks of
+all its keys at once), so a statement that runs after the lock sees what the holder committed.
+Each test holds the first request open, proves that the second one waits for it, then ends
+the first and checks that exactly one send exists and that the second request got the answer
+it should: the same send, a conflict, or a send of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from leasebox import IdempotencyConflict, OutboxMessage, enqueue, enqueue_many
+from support.outbox_rows import count
+
+KEY = "signup-42"
+SCOPE = "login"
+
+
+def otp(recipient: str = "ada@example.com") -> OutboxMessage:
+    return OutboxMessage(kind="otp", recipient=recipient, aggregate_id="user-1")
+
+
+def _waiting(conn: psycopg.Connection[Any], application_name: str) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (application_name,),
+    ).fetchone()
+    conn.rollback()
+    return bool(row and row[0])
+
+
+def second_while_first_is_open(
+    db_dsn: str,
+    db_conn: psycopg.Connection[Any],
+    first: psycopg.Connection[Any],
+    second: Callable[[psycopg.Connection[Any]], Any],
+    *,
+    commit_first: bool = True,
+) -> Any:
+    """Run `second` on its own connection; once it waits for `first`, end `first`; return
+    what `second` returned or raised."""
+    answers: list[Any] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(db_dsn, application_name="second-request") as conn:
+                answers.append(second(conn))
+                conn.commit()
+        except BaseException as exc:  # asserted by the caller
+            answers.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not _waiting(db_conn, "second-request"):
+            assert time.monotonic() < deadline, "the second request never waited for the first"
+            assert thread.is_alive(), f"the second request did not wait: {answers!r}"
+            time.sleep(0.01)
+        if commit_first:
+            first.commit()
+        else:
+            first.rollback()
+    finally:
+        thread.join(timeout=30)
+        first.close()
+    [answer] = answers
+    return answer
+
+
+def test_a_request_waits_for_an_uncommitted_one_with_its_key_and_gets_its_send(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    first = psycopg.connect(db_dsn)
+    winner = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+
+    receipt = second_while_first_is_open(
+        db_dsn, db_conn, first, lambda c: enqueue(c, otp(), idempotency_key=KEY, scope=SCOPE)
+    )
+
+    assert not isinstance(receipt, BaseException), repr(receipt)
+    assert (receipt.outbox_id, receipt.reused) == (winner.outbox_id, True)
+    assert count(db_conn, "outbox") == 1
+    assert count(db_conn, "receipts") == 1
+
+
+def test_a_request_whose_uncommitted_rival_rolls_back_sends_on_its_own(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    first = psycopg.connect(db_dsn)
+    loser = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+
+    receipt = second_while_first_is_open(
+        db_dsn,
+        db_conn,
+        first,
+        lambda c: enqueue(c, otp(), idempotency_key=KEY, scope=SCOPE),
+        commit_first=False,
+    )
+
+    assert not isinstance(receipt, BaseException), repr(receipt)
+    assert receipt.reused is False
+    assert receipt.outbox_id != loser.outbox_id
+    assert count(db_conn, "outbox") == 1
+
+
+def test_another_request_under_the_key_of_an_uncommitted_one_is_a_conflict(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    first = psycopg.connect(db_dsn)
+    winner = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+
+    answer = second_while_first_is_open(
+        db_dsn,
+        db_conn,
+        first,
+        lambda c: enqueue(c, otp("eve@example.com"), idempotency_key=KEY, scope=SCOPE),
+    )
+
+    assert isinstance(answer, IdempotencyConflict)
+    assert answer.outbox_id == winner.outbox_id
+    assert count(db_conn, "outbox") == 1
+
+
+def test_a_batch_waits_for_an_uncommitted_request_with_one_of_its_keys(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    first = psycopg.connect(db_dsn)
+    winner = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+
+    receipts = second_while_first_is_open(
+        db_dsn,
+        db_conn,
+        first,
+        lambda c: enqueue_many(
+            c, [otp(), otp("bob@example.com")], idempotency_keys=[KEY, "other"], scope=SCOPE
+        ),
+    )
+
+    assert not isinstance(receipts, BaseException), repr(receipts)
+    assert (receipts[0].outbox_id, receipts[0].reused) == (winner.outbox_id, True)
+    assert receipts[1].reused is False
+    assert count(db_conn, "outbox") == 2
+    assert count(db_conn, "receipts") == 2
+
+
+def test_a_request_waits_for_an_uncommitted_batch_holding_its_key(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    first = psycopg.connect(db_dsn)
+    [winner, _] = enqueue_many(
+        first, [otp(), otp("bob@example.com")], idempotency_keys=[KEY, "other"], scope=SCOPE
+    )
+
+    receipt = second_while_first_is_open(
+        db_dsn, db_conn, first, lambda c: enqueue(c, otp(), idempotency_key=KEY, scope=SCOPE)
+    )
+
+    assert not isinstance(receipt, BaseException), repr(receipt)
+    assert (receipt.outbox_id, receipt.reused) == (winner.outbox_id, True)
+    assert count(db_conn, "outbox") == 2
