@@ -17,6 +17,7 @@ from leasebox.errors import ConfigurationError
 from leasebox.store.dead_letters import DeadLetterFilter, purge_dead_letters
 from leasebox.store.pruning import prune
 from support.outbox_rows import count
+from support.waiting import waiting_on_a_lock
 
 
 def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:
@@ -148,16 +149,6 @@ def test_a_request_reusing_its_delivery_key_never_counts_against_the_guard(
 # -- one delivery key, one message --------------------------------------------------------------
 
 
-def _waiting_on_a_lock(conn: psycopg.Connection[Any], application_name: str) -> bool:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE application_name = %s AND wait_event_type = 'Lock'",
-        (application_name,),
-    ).fetchone()
-    conn.rollback()
-    return bool(row and row[0])
-
-
 def test_a_second_enqueue_of_a_delivery_key_that_is_not_yet_committed_gets_its_receipt(
     db_dsn: str, db_conn: psycopg.Connection[Any]
 ) -> None:
@@ -178,7 +169,7 @@ def test_a_second_enqueue_of_a_delivery_key_that_is_not_yet_committed_gets_its_r
     thread.start()
     try:
         deadline = time.monotonic() + 30
-        while not _waiting_on_a_lock(db_conn, "second-producer"):  # waits for the first's row
+        while not waiting_on_a_lock(db_conn, "second-producer"):  # waits for the first's row
             assert time.monotonic() < deadline, "the second producer never waited for the first"
             time.sleep(0.01)
         first.commit()

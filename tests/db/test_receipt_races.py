@@ -18,6 +18,7 @@ import psycopg
 
 from leasebox import IdempotencyConflict, OutboxMessage, enqueue, enqueue_many
 from support.outbox_rows import count
+from support.waiting import waiting_on_a_lock
 
 KEY = "signup-42"
 SCOPE = "login"
@@ -25,16 +26,6 @@ SCOPE = "login"
 
 def otp(recipient: str = "ada@example.com") -> OutboxMessage:
     return OutboxMessage(kind="otp", recipient=recipient, aggregate_id="user-1")
-
-
-def _waiting(conn: psycopg.Connection[Any], application_name: str) -> bool:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE application_name = %s AND wait_event_type = 'Lock'",
-        (application_name,),
-    ).fetchone()
-    conn.rollback()
-    return bool(row and row[0])
 
 
 def second_while_first_is_open(
@@ -61,7 +52,7 @@ def second_while_first_is_open(
     thread.start()
     try:
         deadline = time.monotonic() + 30
-        while not _waiting(db_conn, "second-request"):
+        while not waiting_on_a_lock(db_conn, "second-request"):
             assert time.monotonic() < deadline, "the second request never waited for the first"
             assert thread.is_alive(), f"the second request did not wait: {answers!r}"
             time.sleep(0.01)
