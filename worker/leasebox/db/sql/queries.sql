@@ -48,6 +48,18 @@ FROM {schema}.outbox
 WHERE scope = %(scope)s
   AND created_at > now() - make_interval(secs => %(window_seconds)s);
 
+-- fragment: expired_receipt_replaced
+-- A receipt written over one of the same key replaces it only once it has expired, and starts
+-- its bookkeeping again; a live one is left as it is (the writer's request maps onto it).
+ON CONFLICT (scope, idempotency_key) DO UPDATE
+SET request_hash = excluded.request_hash,
+    outbox_id = excluded.outbox_id,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at,
+    last_seen_at = excluded.last_seen_at,
+    reuse_count = 0
+WHERE {schema}.receipts.expires_at <= now()
+
 -- name: enqueue
 -- Write one logical send: reuse a live receipt, else insert the row and its receipt.
 -- One statement per logical send: reuse a live receipt, else insert the row (a row with the
@@ -101,14 +113,7 @@ receipt AS (
            now() + make_interval(secs => %(ttl_seconds)s), now()
     FROM chosen
     WHERE %(idempotency_key)s::text IS NOT NULL
-    ON CONFLICT (scope, idempotency_key) DO UPDATE
-    SET request_hash = excluded.request_hash,
-        outbox_id = excluded.outbox_id,
-        created_at = excluded.created_at,
-        expires_at = excluded.expires_at,
-        last_seen_at = excluded.last_seen_at,
-        reuse_count = 0
-    WHERE {schema}.receipts.expires_at <= now()
+    -- include: expired_receipt_replaced
 )
 SELECT 'receipt' AS source, outbox_id, delivery_key, request_hash FROM found
 UNION ALL
@@ -224,14 +229,7 @@ receipt AS (
     FROM chosen AS c
     JOIN to_write AS w ON w.ord = c.ord
     WHERE w.idempotency_key IS NOT NULL AND c.id IS NOT NULL
-    ON CONFLICT (scope, idempotency_key) DO UPDATE
-    SET request_hash = excluded.request_hash,
-        outbox_id = excluded.outbox_id,
-        created_at = excluded.created_at,
-        expires_at = excluded.expires_at,
-        last_seen_at = excluded.last_seen_at,
-        reuse_count = 0
-    WHERE {schema}.receipts.expires_at <= now()
+    -- include: expired_receipt_replaced
 )
 SELECT ord, 'receipt' AS source, outbox_id AS id, delivery_key FROM found
 WHERE NOT EXISTS (SELECT FROM conflicts)
