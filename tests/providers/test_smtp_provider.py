@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
@@ -165,6 +166,20 @@ async def test_the_connection_still_delivers_after_a_refused_recipient(
     await provider.send(email())
 
     assert [d.rcpt_tos for d in smtp_server.handler.delivered] == [["ada@example.com"]]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [email(), dataclasses.replace(email(), html=None, text="line\rends\r\nof\nevery kind\n\n")],
+)
+async def test_the_size_announced_in_mail_from_is_the_size_of_the_message_received(
+    provider: SmtpProvider, smtp_server: SmtpServer, message: Email
+) -> None:
+    await provider.send(message)
+
+    [delivered] = smtp_server.handler.delivered
+    assert delivered.octets > 0
+    assert delivered.mail_options == [f"SIZE={delivered.octets}"]
 
 
 async def test_a_connection_the_server_dropped_is_replaced_without_an_error(

@@ -46,6 +46,8 @@ class Delivered:
     rcpt_tos: list[str]
     message: EmailMessage
     session_id: int
+    mail_options: list[str] = field(default_factory=list)
+    octets: int = 0  # the message's size as received, CRLF line ends included
 
 
 @dataclass
@@ -89,7 +91,14 @@ class RecordingHandler:
         parsed = message_from_bytes(envelope.original_content, policy=policy.default)
         assert isinstance(parsed, EmailMessage)
         self.delivered.append(
-            Delivered(envelope.mail_from, list(envelope.rcpt_tos), parsed, id(session))
+            Delivered(
+                envelope.mail_from,
+                list(envelope.rcpt_tos),
+                parsed,
+                id(session),
+                list(envelope.mail_options),
+                len(envelope.original_content),
+            )
         )
         if self.drop_after_data:
             asyncio.get_running_loop().call_soon(server.transport.close)

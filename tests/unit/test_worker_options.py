@@ -50,14 +50,18 @@ def test_every_option_round_trips_through_the_environment_the_operator_writes() 
             assert getattr(holder, option.name) == SAMPLES[option.name], option.name
 
 
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o.style is Style.VALUE], ids=str)
+@pytest.mark.parametrize(
+    "option", [o for o in OPTIONS if o.style is Style.VALUE], ids=lambda o: o.variable
+)
 def test_a_flag_wins_over_its_variable(option: options.Option[Any]) -> None:
     environ = {option.variable: option.render(option.default or SAMPLES[option.name])}
     args = build_parser().parse_args(["worker", option.flag, option.render(SAMPLES[option.name])])
     assert read_options(args, environ)[option.name] == SAMPLES[option.name]
 
 
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o.style is not Style.VALUE], ids=str)
+@pytest.mark.parametrize(
+    "option", [o for o in OPTIONS if o.style is not Style.VALUE], ids=lambda o: o.variable
+)
 def test_a_switch_flag_wins_over_its_variable(option: options.Option[Any]) -> None:
     environ = {option.variable: option.render(option.default)}
     args = build_parser().parse_args(["worker", option.flag])
