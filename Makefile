@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 # The second PostgreSQL major version the database tests run against, when reachable.
 SECOND_PG_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist), each with its own embedded PostgreSQL; 0 runs the tests in
+# pytest's own process (for a debugger, or -x to stop at the first failure in order).
+TEST_PROCESSES ?= 2
 
-.PHONY: help install tools demo test test-unit test-second-pg lint format crds bench bench-quick bench-deps mutate clean
+.PHONY: help install tools demo test test-second-pg lint format crds bench bench-quick bench-deps mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -50,13 +53,13 @@ format: install ## apply ruff's fixes and formatting
 	$(BIN)/ruff format .
 
 test: install tools lint ## lint, then every test on embedded PostgreSQL 18, then the database tests on a second version
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-second-pg
 
 test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it answers (CI requires it)
 	@if $(BIN)/python -c "import psycopg,sys; psycopg.connect(sys.argv[1], connect_timeout=3).close()" '$(SECOND_PG_DSN)' 2>/dev/null; then \
 	  echo "database tests on $$($(BIN)/python -c "import psycopg,sys; print(psycopg.connect(sys.argv[1]).info.parameter_status('server_version'))" '$(SECOND_PG_DSN)')"; \
-	  LEASEBOX_TEST_DSN='$(SECOND_PG_DSN)' $(BIN)/pytest -m "db and not embedded_only" $(PYTEST_ARGS); \
+	  LEASEBOX_TEST_DSN='$(SECOND_PG_DSN)' $(BIN)/pytest -n $(TEST_PROCESSES) -m "db and not embedded_only" $(PYTEST_ARGS); \
 	elif [ -n "$$CI" ]; then echo "second PostgreSQL at $(SECOND_PG_DSN) is not reachable" >&2; exit 1; \
 	else echo "skipping the second PostgreSQL version: $(SECOND_PG_DSN) does not answer"; fi
 

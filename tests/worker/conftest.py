@@ -1,4 +1,5 @@
-"""Fixtures for the worker's tests: a database clock, an async pool, rows inserted by hand."""
+"""Fixtures for the worker's tests: a database clock, async pools (one counting its statements),
+rows inserted by hand."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.producer.payload_crypto import PayloadCipher
+from support.counted_statements import Statements
 from support.worker_doubles import Insert, ManualClock, ScriptedProvider
 
 
@@ -82,3 +84,22 @@ def db_insert(db_conn: psycopg.Connection, db_now: datetime) -> Insert:
         return int(found[0])
 
     return insert_row
+
+
+@pytest.fixture
+def statements() -> Statements:
+    """The statements sent through `counted_pool`'s connections, by query name."""
+    return Statements()
+
+
+@pytest.fixture
+async def counted_pool(db_dsn: str, statements: Statements) -> AsyncIterator[AsyncConnectionPool]:
+    """A pool on the test's database whose every statement `statements` counts."""
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        conn.cursor_factory = statements.cursor_class()
+
+    async with AsyncConnectionPool(
+        db_dsn, min_size=1, max_size=2, timeout=5, kwargs={"autocommit": True}, configure=configure
+    ) as pool:
+        yield pool

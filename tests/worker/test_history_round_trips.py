@@ -10,16 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
-from typing import Any, Self
+from typing import Any
 
 import psycopg
-import pytest
-from psycopg.abc import Params, Query
 from psycopg_pool import AsyncConnectionPool
 
-from leasebox.db.queries import query, query_names
 from leasebox.runtime import upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
 from leasebox.runtime.metrics import WorkerMetrics
@@ -28,45 +24,11 @@ from leasebox.states import DeadReason
 from leasebox.store import claiming
 from leasebox.store.claiming import LeaseRef
 from leasebox.store.settling import Dead, Release, Retry, Sent
+from support.counted_statements import Statements
 from support.history import events, histories
 from support.worker_doubles import Insert, ManualClock
 
 WORKER = "worker-counted"
-
-
-class Statements:
-    """The statements sent through the wrapped connections, by query name."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self._names = {name: query(name) for name in query_names()}
-
-    def name_of(self, statement: Query) -> str:
-        for name, named in self._names.items():
-            if statement == named:
-                return name
-        return "other"
-
-    def cursor_class(self) -> type[psycopg.AsyncCursor[Any]]:
-        statements = self
-
-        class Counted(psycopg.AsyncCursor[Any]):
-            async def execute(
-                self,
-                query: Any,  # psycopg's `Query`, which its own `execute` narrows
-                params: Params | None = None,
-                *,
-                prepare: bool | None = None,
-                binary: bool | None = None,
-            ) -> Self:
-                statements.sent.append(statements.name_of(query))
-                return await super().execute(query, params, prepare=prepare, binary=binary)
-
-        return Counted
-
-    def take(self) -> list[str]:
-        taken, self.sent = self.sent, []
-        return taken
 
 
 async def settle(pool: AsyncConnectionPool, now: datetime, *outcomes: Outcome) -> list[int]:
@@ -87,22 +49,6 @@ async def settle(pool: AsyncConnectionPool, now: datetime, *outcomes: Outcome) -
     await batcher.close()
     await flusher
     return settled
-
-
-@pytest.fixture
-def statements() -> Statements:
-    return Statements()
-
-
-@pytest.fixture
-async def counted_pool(db_dsn: str, statements: Statements) -> AsyncIterator[AsyncConnectionPool]:
-    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
-        conn.cursor_factory = statements.cursor_class()
-
-    async with AsyncConnectionPool(
-        db_dsn, min_size=1, max_size=2, timeout=5, kwargs={"autocommit": True}, configure=configure
-    ) as pool:
-        yield pool
 
 
 async def test_a_claim_is_still_one_statement_with_its_history(

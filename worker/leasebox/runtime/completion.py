@@ -6,6 +6,14 @@ everything queued, writes it with at most one statement per outcome type (`mark_
 batch accumulates. Under load a statement settles dozens of rows; when idle it settles one
 with no added delay.
 
+Between the two, a provider that takes a few milliseconds per message (SMTP, a mail API)
+finishes its sends one by one, so each statement would settle one or two rows, and the
+statement costs the worker more CPU than the send. So while sends are still in flight, a
+batch smaller than `LINGER_BELOW` waits for their outcomes, at most `LINGER_SECONDS`, and
+is written as soon as the last of them arrives, the batch is full, or the worker closes. A
+few milliseconds change nothing for a message already delivered; with nothing in flight
+nothing waits.
+
 Each statement matches rows on their lease token, so an id missing from its answer is a
 lease this worker lost (it stalled past the lease and another worker reclaimed the row):
 that is counted and logged, never retried. A database outage keeps the batch and retries it
@@ -45,6 +53,10 @@ log = logging.getLogger("leasebox.worker")
 
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
+# How long at most a small batch waits for the outcomes of the sends still in flight, and
+# below what size it waits.
+LINGER_SECONDS = 0.002
+LINGER_BELOW = 32
 _A = TypeVar("_A", Sent, Retry, Dead, Release)
 UNSTORABLE_ERROR = "the failure's description could not be stored"
 
@@ -125,10 +137,13 @@ class CompletionBatcher:
         lease_deadline: Callable[[int], float | None] = lambda _: None,
         statement_timeout: float = 30.0,
         worker_id: str | None = None,
+        in_flight: Callable[[], int] = lambda: 0,
+        linger: float = LINGER_SECONDS,
     ) -> None:
         """`lease_deadline(id)` is the monotonic time the row's lease runs out (None: unknown,
         which counts as run out when closing); `worker_id` names this worker in the history's
-        `lease_lost` rows."""
+        `lease_lost` rows. While `in_flight()` sends are under way, a batch smaller than
+        `LINGER_BELOW` waits `linger` seconds for their outcomes before it is written."""
         self._pool = pool
         self._metrics = metrics
         self._schema = schema
@@ -137,6 +152,10 @@ class CompletionBatcher:
         self._lease_deadline = lease_deadline
         self._timeout = statement_timeout
         self._worker_id = worker_id
+        self._in_flight = in_flight
+        self._linger = linger
+        self._lingering = False
+        self._gathered = asyncio.Event()
         self._queue: list[Outcome] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
@@ -150,6 +169,8 @@ class CompletionBatcher:
         self._queue.append(outcome)
         self._idle.clear()
         self._ready.set()
+        if self._lingering and (len(self._queue) >= LINGER_BELOW or not self._in_flight()):
+            self._gathered.set()
 
     @property
     def pending(self) -> int:
@@ -166,6 +187,8 @@ class CompletionBatcher:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
+            if len(self._queue) < LINGER_BELOW and not self._closing and self._in_flight():
+                await self._gather()
             batch, self._queue = self._queue, []
             unwritten = await self._write_batch(batch)
             if not unwritten:
@@ -191,6 +214,18 @@ class CompletionBatcher:
             await asyncio.sleep(delay)
             delay = min(_RETRY_MAX, delay * 2)
 
+    async def _gather(self) -> None:
+        """Wait for the outcomes of the sends in flight (see the module's docstring)."""
+        self._gathered.clear()
+        self._lingering = True
+        try:
+            async with asyncio.timeout(self._linger):
+                await self._gathered.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._lingering = False
+
     async def close(self) -> None:
         """Write what is queued, then let `run` return.
 
@@ -199,6 +234,7 @@ class CompletionBatcher:
         """
         self._closing = True
         self._ready.set()
+        self._gathered.set()
         while not self._idle.is_set():
             deadlines = [self._deadline_of(o) for o in self._queue]
             remaining = max(deadlines, default=0.0) - time.monotonic()

@@ -116,6 +116,7 @@ class Worker:
             lease_deadline=self._lease_deadline,
             statement_timeout=STATEMENT_TIMEOUT,
             worker_id=settings.worker_id,
+            in_flight=lambda: self.metrics.sending,
         )
         self.database_problem: str | None = None
         self.failed = False
