@@ -22,7 +22,7 @@ from typing import Any, Self
 from aiohttp import web
 from aiosmtpd.controller import Controller
 
-from leasebox.testing.embedded import free_port
+from leasebox.testing.ports import free_port
 
 DEFAULT_DELAY_SECONDS = 0.05
 _DELIVERY_KEY = re.compile(rb"^X-Leasebox-Delivery-Key:\s*(\S+)", re.MULTILINE | re.IGNORECASE)

@@ -19,7 +19,7 @@ import uvicorn
 from examples.otp_service.app import create_app
 
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
-from support.mail_servers import free_port
+from leasebox.testing.ports import free_port
 
 
 @dataclass

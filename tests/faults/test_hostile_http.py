@@ -24,9 +24,9 @@ from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.runtime.health import HealthServer, build_app
 from leasebox.runtime.worker import Worker
+from leasebox.testing.ports import free_port
 from support import hostile_http as http
 from support.fault_rig import SETTINGS, Run, judge, rows, run_until_final, seed
-from support.mail_servers import free_port
 
 MESSAGES = 12
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
-from leasebox.testing.embedded import free_port
+from leasebox.testing.ports import free_port
 from support import hostile_http as http
 from support.fault_rig import Printed, judge, rows, seed
 

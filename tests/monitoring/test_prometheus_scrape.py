@@ -29,10 +29,11 @@ import yaml
 
 from leasebox import OutboxMessage, enqueue
 from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
+from leasebox.testing.ports import free_port
 from leasebox.testing.smtp_sink import SmtpSink
 from monitoring_sources import alert_expressions, dashboard_expressions
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, free_port, running_operator
+from support.kube.harness import POOLS, running_operator
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ import psycopg
 import yaml
 
 from leasebox import OutboxMessage, enqueue
-from leasebox.testing.embedded import free_port
+from leasebox.testing.ports import free_port
 from support.kube.emulator import KubeEmulator
 from support.kube.harness import POOLS, Cluster, OperatorProcess, secret
 from support.kube.kubelet import Kubelet

@@ -24,7 +24,7 @@ from leasebox.delivery.providers import (
 )
 from leasebox.delivery.providers.base import parse_retry_after
 from leasebox.delivery.providers.http import HttpProvider
-from support.mail_servers import free_port
+from leasebox.testing.ports import free_port
 
 CODE = "771204"
 TOKEN = "sk_test_d41d8cd98f00b204"

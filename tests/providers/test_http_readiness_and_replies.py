@@ -12,8 +12,8 @@ import pytest
 from leasebox.delivery.providers import Email, TransientProviderError, provider_from_url
 from leasebox.delivery.providers.http import HttpProvider, HttpSettings
 from leasebox.errors import AmbiguousProviderError
+from leasebox.testing.ports import free_port
 from support import hostile_http as http
-from support.mail_servers import free_port
 
 
 class Clock:

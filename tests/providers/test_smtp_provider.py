@@ -18,7 +18,8 @@ from leasebox.delivery.providers import (
 )
 from leasebox.delivery.providers.smtp import SmtpProvider
 from leasebox.errors import AmbiguousProviderError
-from support.mail_servers import SMTP_PASSWORD, SMTP_USER, SmtpServer, free_port
+from leasebox.testing.ports import free_port
+from support.mail_servers import SMTP_PASSWORD, SMTP_USER, SmtpServer
 
 CODE = "482913"
 

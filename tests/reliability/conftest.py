@@ -13,7 +13,8 @@ import pytest
 from psycopg import sql
 
 from leasebox.db.migrations import migrate
-from leasebox.testing.embedded import EmbeddedPostgres, free_port
+from leasebox.testing.embedded import EmbeddedPostgres
+from leasebox.testing.ports import free_port
 from support.reliability_rig import RestartableDatabase, SmtpServer, SmtpSink, Workers
 
 BUILD = Path(__file__).resolve().parents[2] / "build"

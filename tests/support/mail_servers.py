@@ -12,7 +12,6 @@ careless server does it: the 535 quotes the user and password back.
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,14 +29,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from leasebox.testing.ports import free_port
+
 SMTP_USER = "leasebox"
 SMTP_PASSWORD = "correct-horse-battery"  # the password the test server accepts
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

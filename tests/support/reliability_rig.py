@@ -36,7 +36,8 @@ from aiosmtpd.controller import Controller
 from psycopg import sql
 
 from leasebox.producer.payload_crypto import PayloadCipher
-from leasebox.testing.embedded import EmbeddedPostgres, free_port
+from leasebox.testing.embedded import EmbeddedPostgres
+from leasebox.testing.ports import free_port
 
 # Short polls and backoff keep the suite fast. Leases are long unless a test needs rows
 # reclaimed soon: a short lease on a busy machine expires under a worker that is merely slow,

@@ -33,7 +33,7 @@ from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.runtime.worker import Worker
-from leasebox.testing.embedded import free_port
+from leasebox.testing.ports import free_port
 from support.waiting import wait_for
 from support.worker_doubles import Insert, ScriptedProvider, row_of, statuses
 

@@ -22,7 +22,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from leasebox.cli.main import main
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
-from leasebox.testing.embedded import free_port
+from leasebox.testing.ports import free_port
 from support.worker_doubles import Insert, statuses
 from support.worker_options import REQUIRED, SAMPLES
 

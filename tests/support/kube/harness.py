@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,16 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from leasebox.testing.ports import free_port
 from leasebox_operator.crd import custom_resource_definition
 from support.kube.emulator import KubeEmulator
 
 POOLS = ("leasebox.dev/v1alpha1", "outboxworkerpools")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def secret(name: str, key: str, value: str, namespace: str = "default") -> dict[str, Any]:

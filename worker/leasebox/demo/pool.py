@@ -23,7 +23,7 @@ from typing import IO
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from leasebox.testing.embedded import free_port
+from leasebox.testing.ports import free_port
 
 COUNTERS = {
     "leasebox_sent_total": "sent",

@@ -37,7 +37,8 @@ from leasebox.demo.scenario import REJECTED_ADDRESS, LoadClients, Scenario
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from leasebox.scaling.policy import Observation, PolicyState, ScalingSpec, decide
 from leasebox.store.backlog import fetch_backlog_async
-from leasebox.testing.embedded import EmbeddedPostgres, free_port
+from leasebox.testing.embedded import EmbeddedPostgres
+from leasebox.testing.ports import free_port
 from leasebox.testing.smtp_sink import SmtpSink
 
 DATABASE = "leasebox_demo"

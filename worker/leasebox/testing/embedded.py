@@ -15,7 +15,6 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from types import TracebackType
 from urllib.parse import quote
 
 from leasebox.errors import ConfigurationError
+from leasebox.testing.ports import free_port
 
 SYSTEM_USER = "embedded_postgres"
 FAST_SETTINGS = {
@@ -60,13 +60,6 @@ def _open_up(path: Path, recursive_mode: int | None = None) -> None:
         for name in files:
             file = Path(root) / name
             file.chmod(file.stat().st_mode | recursive_mode)
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class EmbeddedPostgres:

@@ -26,7 +26,7 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 
-from leasebox.testing.embedded import free_port
+from leasebox.testing.ports import free_port
 
 TRANSIENT_REPLY = "451 4.3.0 Temporary failure, try again later"
 REJECT_REPLY = "550 5.1.1 Mailbox unavailable"
