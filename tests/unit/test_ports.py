@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from leasebox.testing import ports
+
+
+@pytest.fixture
+def ephemeral_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Set the kernel's ephemeral range as `free_port` reads it (`"low high"`)."""
+
+    def set_range(text: str) -> None:
+        (tmp_path / "range").write_text(f"{text}\n")
+        monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
+
+    return set_range
 
 
 def listen_on(port: int) -> None:
@@ -18,10 +30,9 @@ def listen_on(port: int) -> None:
 
 
 def test_a_port_is_drawn_below_the_ephemeral_range_and_can_be_listened_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ephemeral_range: Callable[[str], None],
 ) -> None:
-    (tmp_path / "range").write_text("40000\t60999\n")
-    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
+    ephemeral_range("40000 60999")
 
     drawn = {ports.free_port() for _ in range(20)}
 
@@ -32,22 +43,21 @@ def test_a_port_is_drawn_below_the_ephemeral_range_and_can_be_listened_on(
 
 
 def test_with_no_room_below_the_ephemeral_range_the_kernel_chooses(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ephemeral_range: Callable[[str], None],
 ) -> None:
-    (tmp_path / "range").write_text("1024\t65535\n")
-    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
+    low, high = (int(n) for n in ports.EPHEMERAL_RANGE.read_text().split())
+    ephemeral_range("1024 65535")
 
     port = ports.free_port()
 
-    assert 1024 <= port <= 65535
+    assert low <= port <= high  # the kernel's own choice, from its real range
     listen_on(port)
 
 
 def test_a_port_something_listens_on_is_never_handed_out(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ephemeral_range: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "range").write_text("32768\t60999\n")
-    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
+    ephemeral_range("32768 60999")
     low = 32768 - 12000
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", ports.free_port()))

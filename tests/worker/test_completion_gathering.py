@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +29,7 @@ from leasebox.store.settling import Sent
 from support.counted_statements import Statements
 from support.worker_doubles import Insert
 
+Claim = Callable[[int], Awaitable[list[ClaimedMessage]]]
 LONG_LINGER = 600.0
 DEADLINE = 5.0
 
@@ -97,16 +98,23 @@ async def start(
         batcher.task.cancel()
 
 
-async def claimed(
-    pool: AsyncConnectionPool, insert: Insert, now: datetime, count: int
-) -> list[ClaimedMessage]:
-    ids = [insert() for _ in range(count)]
-    async with pool.connection() as conn:
-        rows = await claiming.claim(
-            conn, kinds=["otp"], limit=count, lease_seconds=60, worker_id="w", now=now
-        )
-    assert sorted(m.id for m in rows) == sorted(ids)
-    return sorted(rows, key=lambda m: m.id)
+@pytest.fixture
+def claim_rows(
+    counted_pool: AsyncConnectionPool, statements: Statements, db_insert: Insert, db_now: datetime
+) -> Claim:
+    """Insert and claim `count` rows, in id order; the claim is not counted as settling."""
+
+    async def claim(count: int) -> list[ClaimedMessage]:
+        ids = [db_insert() for _ in range(count)]
+        async with counted_pool.connection() as conn:
+            rows = await claiming.claim(
+                conn, kinds=["otp"], limit=count, lease_seconds=60, worker_id="w", now=db_now
+            )
+        assert sorted(m.id for m in rows) == sorted(ids)
+        statements.take()
+        return sorted(rows, key=lambda m: m.id)
+
+    return claim
 
 
 def sent_rows(conn: psycopg.Connection[Any]) -> int:
@@ -118,14 +126,11 @@ def sent_rows(conn: psycopg.Connection[Any]) -> int:
 
 async def test_outcomes_of_the_sends_in_flight_are_gathered_into_one_statement(
     start: Callable[..., Batcher],
-    counted_pool: AsyncConnectionPool,
+    claim_rows: Claim,
     statements: Statements,
     db_conn: psycopg.Connection[Any],
-    db_insert: Insert,
-    db_now: datetime,
 ) -> None:
-    first, second, third = await claimed(counted_pool, db_insert, db_now, 3)
-    statements.take()
+    first, second, third = await claim_rows(3)
     batcher = start()
 
     batcher.sent(first, in_flight_after=2)
@@ -143,13 +148,10 @@ async def test_outcomes_of_the_sends_in_flight_are_gathered_into_one_statement(
 
 async def test_with_nothing_in_flight_an_outcome_is_written_at_once(
     start: Callable[..., Batcher],
-    counted_pool: AsyncConnectionPool,
+    claim_rows: Claim,
     statements: Statements,
-    db_insert: Insert,
-    db_now: datetime,
 ) -> None:
-    [message] = await claimed(counted_pool, db_insert, db_now, 1)
-    statements.take()
+    [message] = await claim_rows(1)
     batcher = start()
 
     batcher.sent(message, in_flight_after=0)
@@ -161,13 +163,10 @@ async def test_with_nothing_in_flight_an_outcome_is_written_at_once(
 
 async def test_a_full_batch_is_written_without_waiting_for_the_sends_in_flight(
     start: Callable[..., Batcher],
-    counted_pool: AsyncConnectionPool,
+    claim_rows: Claim,
     statements: Statements,
-    db_insert: Insert,
-    db_now: datetime,
 ) -> None:
-    messages = await claimed(counted_pool, db_insert, db_now, LINGER_BELOW)
-    statements.take()
+    messages = await claim_rows(LINGER_BELOW)
     batcher = start()
 
     for message in messages:
@@ -180,12 +179,10 @@ async def test_a_full_batch_is_written_without_waiting_for_the_sends_in_flight(
 
 async def test_closing_writes_a_gathering_batch_at_once(
     start: Callable[..., Batcher],
-    counted_pool: AsyncConnectionPool,
+    claim_rows: Claim,
     db_conn: psycopg.Connection[Any],
-    db_insert: Insert,
-    db_now: datetime,
 ) -> None:
-    [message] = await claimed(counted_pool, db_insert, db_now, 1)
+    [message] = await claim_rows(1)
     batcher = start()
 
     batcher.sent(message, in_flight_after=3)
@@ -200,11 +197,9 @@ async def test_closing_writes_a_gathering_batch_at_once(
 
 async def test_a_batch_waits_no_longer_than_its_linger(
     start: Callable[..., Batcher],
-    counted_pool: AsyncConnectionPool,
-    db_insert: Insert,
-    db_now: datetime,
+    claim_rows: Claim,
 ) -> None:
-    [message] = await claimed(counted_pool, db_insert, db_now, 1)
+    [message] = await claim_rows(1)
     linger = 0.2
     batcher = start(linger)
 
