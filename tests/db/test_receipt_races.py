@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from leasebox import IdempotencyConflict, OutboxMessage, enqueue, enqueue_many
+from leasebox import IdempotencyConflict, OutboxMessage, Receipt, enqueue, enqueue_many
 from support.outbox_rows import count
 from support.waiting import waiting_on_a_lock
 
@@ -26,6 +26,11 @@ SCOPE = "login"
 
 def otp(recipient: str = "ada@example.com") -> OutboxMessage:
     return OutboxMessage(kind="otp", recipient=recipient, aggregate_id="user-1")
+
+
+def request(conn: psycopg.Connection[Any], recipient: str = "ada@example.com") -> Receipt:
+    """The API request under test: an OTP for `recipient` under the key `KEY`."""
+    return enqueue(conn, otp(recipient), idempotency_key=KEY, scope=SCOPE)
 
 
 def second_while_first_is_open(
@@ -71,11 +76,9 @@ def test_a_request_waits_for_an_uncommitted_one_with_its_key_and_gets_its_send(
     db_dsn: str, db_conn: psycopg.Connection[Any]
 ) -> None:
     first = psycopg.connect(db_dsn)
-    winner = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+    winner = request(first)
 
-    receipt = second_while_first_is_open(
-        db_dsn, db_conn, first, lambda c: enqueue(c, otp(), idempotency_key=KEY, scope=SCOPE)
-    )
+    receipt = second_while_first_is_open(db_dsn, db_conn, first, request)
 
     assert not isinstance(receipt, BaseException), repr(receipt)
     assert (receipt.outbox_id, receipt.reused) == (winner.outbox_id, True)
@@ -87,13 +90,13 @@ def test_a_request_whose_uncommitted_rival_rolls_back_sends_on_its_own(
     db_dsn: str, db_conn: psycopg.Connection[Any]
 ) -> None:
     first = psycopg.connect(db_dsn)
-    loser = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+    loser = request(first)
 
     receipt = second_while_first_is_open(
         db_dsn,
         db_conn,
         first,
-        lambda c: enqueue(c, otp(), idempotency_key=KEY, scope=SCOPE),
+        request,
         commit_first=False,
     )
 
@@ -107,13 +110,13 @@ def test_another_request_under_the_key_of_an_uncommitted_one_is_a_conflict(
     db_dsn: str, db_conn: psycopg.Connection[Any]
 ) -> None:
     first = psycopg.connect(db_dsn)
-    winner = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+    winner = request(first)
 
     answer = second_while_first_is_open(
         db_dsn,
         db_conn,
         first,
-        lambda c: enqueue(c, otp("eve@example.com"), idempotency_key=KEY, scope=SCOPE),
+        lambda c: request(c, "eve@example.com"),
     )
 
     assert isinstance(answer, IdempotencyConflict)
@@ -125,7 +128,7 @@ def test_a_batch_waits_for_an_uncommitted_request_with_one_of_its_keys(
     db_dsn: str, db_conn: psycopg.Connection[Any]
 ) -> None:
     first = psycopg.connect(db_dsn)
-    winner = enqueue(first, otp(), idempotency_key=KEY, scope=SCOPE)
+    winner = request(first)
 
     receipts = second_while_first_is_open(
         db_dsn,
@@ -151,9 +154,7 @@ def test_a_request_waits_for_an_uncommitted_batch_holding_its_key(
         first, [otp(), otp("bob@example.com")], idempotency_keys=[KEY, "other"], scope=SCOPE
     )
 
-    receipt = second_while_first_is_open(
-        db_dsn, db_conn, first, lambda c: enqueue(c, otp(), idempotency_key=KEY, scope=SCOPE)
-    )
+    receipt = second_while_first_is_open(db_dsn, db_conn, first, request)
 
     assert not isinstance(receipt, BaseException), repr(receipt)
     assert (receipt.outbox_id, receipt.reused) == (winner.outbox_id, True)

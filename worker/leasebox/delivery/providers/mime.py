@@ -142,9 +142,17 @@ def _part_headers(subtype: str, encoding: str) -> str:
     )
 
 
-def build_mime(email: Email, sender: str, *, recipient: str, now: datetime | None = None) -> bytes:
+def build_mime(
+    email: Email,
+    sender: str,
+    *,
+    recipient: str,
+    message_id: str | None = None,
+    now: datetime | None = None,
+) -> bytes:
     """The message for `email` as SMTP DATA: headers, the text part and, when the email
-    has HTML, a multipart/alternative of both. `recipient` is the address on the wire."""
+    has HTML, a multipart/alternative of both. `recipient` is the address on the wire;
+    `message_id` is the one derived from the delivery key, when the caller has it already."""
     if not recipient.isascii() or not recipient.isprintable() or " " in recipient:
         raise ValueError("the recipient is not an address that can be sent")
     head = [
@@ -152,7 +160,7 @@ def build_mime(email: Email, sender: str, *, recipient: str, now: datetime | Non
         header("To", recipient),
         header("Subject", " ".join(email.subject.split())),
         f"Date: {_date(now)}",
-        f"Message-ID: {derived_message_id(email.delivery_key)}",
+        f"Message-ID: {message_id or derived_message_id(email.delivery_key)}",
         header("X-Leasebox-Delivery-Key", email.delivery_key),
         f"X-Leasebox-Attempt: {email.attempt}",
         "Auto-Submitted: auto-generated",

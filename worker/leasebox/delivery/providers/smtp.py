@@ -156,11 +156,6 @@ def wire_address(address: str) -> str:
         return address  # refused later, as an address that cannot be sent
 
 
-def build_message(email: Email, sender: str) -> bytes:
-    """The MIME message for `email`: text, optional HTML alternative, stable Message-ID."""
-    return build_mime(email, sender, recipient=wire_address(email.recipient))
-
-
 class SmtpProvider:
     """A pooled SMTP client; one instance serves every concurrent send of a worker."""
 
@@ -185,9 +180,13 @@ class SmtpProvider:
     async def send(self, email: Email) -> SendResult:
         if self._closed:
             raise TransientProviderError("closed", "the SMTP provider is closed")
+        # The address on the wire and the Message-ID serve both the message and its envelope.
+        recipient = wire_address(email.recipient)
         message_id = derived_message_id(email.delivery_key)
         try:
-            message = build_message(email, self.settings.sender)
+            message = build_mime(
+                email, self.settings.sender, recipient=recipient, message_id=message_id
+            )
         except (ValueError, TypeError):
             raise PermanentProviderError(
                 "invalid_message",
@@ -200,7 +199,7 @@ class SmtpProvider:
             client = self._take_idle()
             if client is not None:
                 try:
-                    await self._transmit(client, message, email)
+                    await self._transmit(client, email, recipient, message)
                     return SendResult(provider_message_id=message_id)
                 except _Disconnected:
                     pass  # dropped while idle, before DATA: nothing was sent, one fresh try
@@ -209,7 +208,7 @@ class SmtpProvider:
             email.raise_if_expired()
             client = await self._connect(during_send=True)
             try:
-                await self._transmit(client, message, email)
+                await self._transmit(client, email, recipient, message)
             except _Disconnected as exc:
                 raise TransientProviderError(
                     "connection", self._describe(exc.__cause__ or exc, "dropped the connection")
@@ -272,13 +271,13 @@ class SmtpProvider:
         else:
             self._idle.append(client)
 
-    async def _transmit(self, client: _Client, message: bytes, email: Email) -> None:
+    async def _transmit(
+        self, client: _Client, email: Email, recipient: str, message: bytes
+    ) -> None:
         client.data_started = False
         client.before_data = email.raise_if_expired
         try:
-            await client.transaction(
-                self.settings.envelope_sender, wire_address(email.recipient), message
-            )
+            await client.transaction(self.settings.envelope_sender, recipient, message)
         except MessageExpired:
             await _reset(client)
             raise
