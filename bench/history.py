@@ -18,11 +18,11 @@ Last, retention drops the oldest day of the retained history through leasebox's 
 from __future__ import annotations
 
 import asyncio
-import math
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from bench.drain import DrainResult, Idle, keep_better, measure_idle, settle, ti
 from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
 from bench.systems import leasebox_system, seed_outbox, verify_outbox_from
+from leasebox.db.partitions import database_today, ensure_partitions
 from leasebox.store.backlog import fetch_backlog
 from leasebox.store.claiming import claim
 from leasebox.store.pruning import prune
@@ -90,9 +91,12 @@ class HistoryResult:
 
 
 def seed_history(dsn: str, rows: int, days: int = HISTORY_DAYS) -> float:
-    """`rows` sent rows over the last `days` days, then VACUUM ANALYZE; seconds it took."""
+    """`rows` sent messages over the `days` whole days before today (their day partitions
+    made first, as the partition maintenance makes them), then VACUUM ANALYZE; seconds."""
     start = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
+        today = database_today(conn)
+        ensure_partitions(conn, today=today - timedelta(days=days), ahead=days)
         for first in range(0, rows, HISTORY_CHUNK):
             count = min(HISTORY_CHUNK, rows - first)
             conn.execute(
@@ -160,13 +164,10 @@ def _next_id(dsn: str) -> int:
     return int(row[0]) if row else 1
 
 
-def prune_oldest_day(dsn: str, rows: int, days: int) -> tuple[float, int, int, int]:
-    """Retention dropping the oldest of `days` days of `rows` sent rows: (seconds, rows
-    removed, rows the day held when counted just before, rows that crossed the boundary
-    while it ran at most). The boundary is `now() - retention` and moves with the clock,
-    by `rows / (days * 86400)` rows a second, so that many more may go."""
+def prune_oldest_day(dsn: str, days: int) -> tuple[float, int, int]:
+    """Retention dropping the oldest of `days` whole days of sent messages: (seconds,
+    messages removed, messages the day held when counted just before)."""
     retention = (days - 1) * DAY_SECONDS
-    counted = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             bench_query("history_oldest_day"), {"retention_seconds": retention}
@@ -176,18 +177,14 @@ def prune_oldest_day(dsn: str, rows: int, days: int) -> tuple[float, int, int, i
         start = time.perf_counter()
         result = prune(conn, retention_seconds=retention)
         seconds = time.perf_counter() - start
-    drift = math.ceil(rows / (days * DAY_SECONDS) * (time.perf_counter() - counted + 1.0))
-    return seconds, result.sent, held, drift
+    return seconds, result.sent, held
 
 
-def retention_error(pruned: int, held: int, drift: int) -> str:
-    """Why a retention run removed the wrong rows, or "" when it removed the day."""
-    if held <= pruned <= held + drift:
+def retention_error(pruned: int, held: int) -> str:
+    """Why a retention run removed the wrong messages, or "" when it removed the day."""
+    if pruned == held:
         return ""
-    return (
-        f"retention removed {pruned:,} rows; the oldest day held {held:,} (and up to "
-        f"{drift:,} more could cross the boundary while it ran)"
-    )
+    return f"retention removed {pruned:,} messages; the oldest day held {held:,}"
 
 
 def run_history(
@@ -241,8 +238,8 @@ def run_history(
                     errors.append(f"drain: {drained.error or drained.accounting}")
                 found[dsn] = (claims, backlogs, keep_better(best, drained))
         progress("  history: retention drops the oldest day ...")
-        prune_seconds, pruned, held, drift = prune_oldest_day(kept, history_rows, days)
-        wrong = retention_error(pruned, held, drift)
+        prune_seconds, pruned, held = prune_oldest_day(kept, days)
+        wrong = retention_error(pruned, held)
         if wrong:
             errors.append(wrong)
     cases = [HistoryCase(size, *found[dsn]) for size, dsn in ((0, empty), (history_rows, kept))]

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from bench.peer_cli import parse
+from bench.peer_cli import parse, write_ids
 from bench.sqlfiles import bench_query
 from leasebox.db.queries import DEFAULT_SCHEMA, compose, named_queries
 
@@ -34,9 +34,11 @@ STATEMENTS = {
 
 PRODUCT_TABLES = ("statements", "statements-no-history")
 # A data-modifying CTE of leasebox's statements that writes the history: `name AS (` up to
-# the `)` that closes it at the start of a line, with the comma before it.
+# the `)` that closes it alone on a line (a subquery's `) AS l` inside it does not), with the
+# comma before it.
 _HISTORY_CTE = re.compile(
-    r",\n(?:logged|lost) AS \(\n(?:(?!\n\)).)*INSERT INTO \{schema\}\.history.*?\n\)", re.S
+    r",\n(?:logged|lost) AS \(\n(?:(?!\n\)).)*INSERT INTO \{schema\}\.history.*?\n\)(?=,|\n|$)",
+    re.S,
 )
 
 
@@ -55,10 +57,14 @@ def product_statements(history: bool) -> tuple[Any, Any]:
     return claim, mark
 
 
-def drain(dsn: str, batch_size: int, table: str = "leasebox") -> int:
-    """Drain every ready row of `table`; return how many this process sent."""
+def drain(dsn: str, batch_size: int, table: str = "leasebox", seen: list[int] | None = None) -> int:
+    """Drain every ready row of `table`; return how many this process sent. On leasebox's
+    schema, which keeps no history of the plain loop's sends, the payload number of every
+    job the loop completed is appended to `seen`."""
     if table in PRODUCT_TABLES:
-        return _drain_with_product_statements(dsn, batch_size, history=table == "statements")
+        return _drain_with_product_statements(
+            dsn, batch_size, history=table == "statements", seen=seen
+        )
     sent = 0
     claim_name, mark_name = STATEMENTS[table]
     if table == "minimal":
@@ -73,11 +79,17 @@ def drain(dsn: str, batch_size: int, table: str = "leasebox") -> int:
                 return sent
             ids = [row[0] for row in rows]
             tokens = [row[1] for row in rows]
-            conn.execute(mark, {"ids": ids, "tokens": tokens})
+            done = conn.execute(mark, {"ids": ids, "tokens": tokens})
+            if seen is not None and done.description is not None:
+                # Each job's payload number, as the peers record theirs.
+                number = {row[0]: row[2]["i"] for row in rows}
+                seen.extend(number[outbox_id] for (outbox_id,) in done.fetchall())
             sent += len(ids)
 
 
-def _drain_with_product_statements(dsn: str, batch_size: int, *, history: bool) -> int:
+def _drain_with_product_statements(
+    dsn: str, batch_size: int, *, history: bool, seen: list[int] | None
+) -> int:
     sent = 0
     claim, mark = product_statements(history)
     worker = "bench-statements"
@@ -94,7 +106,7 @@ def _drain_with_product_statements(dsn: str, batch_size: int, *, history: bool) 
             if cur.description is None:
                 return sent
             names = [column.name for column in cur.description]
-            at_id, at_token = names.index("id"), names.index("lease_token")
+            at_id, at_token, at_data = (names.index(n) for n in ("id", "lease_token", "data"))
             rows = cur.fetchall()
             if not rows:
                 return sent
@@ -106,14 +118,20 @@ def _drain_with_product_statements(dsn: str, batch_size: int, *, history: bool) 
                 "worker_id": worker,
                 "now": None,
             }
-            conn.execute(mark, marking)
+            done = conn.execute(mark, marking).fetchall()
+            if seen is not None:
+                number = {row[at_id]: row[at_data]["i"] for row in rows}
+                seen.extend(number[outbox_id] for outbox_id, _ in done)
             sent += len(ids)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv, "the plain drain loops")
     if args.mode == "work":
-        drain(args.dsn, args.batch_size, args.table)
+        seen: list[int] = []
+        drain(args.dsn, args.batch_size, args.table, seen)
+        if args.table != "minimal":
+            write_ids(args.ids_file, seen)
     return 0
 
 

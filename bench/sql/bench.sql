@@ -2,79 +2,104 @@
 -- leasebox's own queries.sql. `{schema}` is the leasebox schema, quoted as an identifier.
 
 -- name: seed_ready
--- Ready OTP rows shaped like what `leasebox.enqueue` writes (`secrets` comes sealed from the
--- producer's cipher), numbered from `first` so that batches never clash.
-INSERT INTO {schema}.outbox (kind, aggregate_id, recipient, template, data, secrets, delivery_key)
-SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
-       jsonb_build_object('i', g, 'name', 'User ' || g, 'minutes_valid', 10),
-       %(secrets)s::bytea, 'otp:bench:' || g
-FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g;
+-- Ready OTPs shaped like what `leasebox.enqueue` writes (the message and its queue row;
+-- `secrets` comes sealed from the producer's cipher), numbered from `first` so that batches
+-- never clash.
+WITH m AS (
+    INSERT INTO {schema}.outbox
+        (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash, template,
+         data, secrets, delivery_key)
+    SELECT (now() AT TIME ZONE 'UTC')::date, 'otp', 'user-' || g, 'user' || g || '@example.com',
+           'user' || g || '@example.com', 'bench', md5(g::text), 'otp',
+           jsonb_build_object('i', g, 'name', 'User ' || g, 'minutes_valid', 10),
+           %(secrets)s::bytea, 'otp:bench:' || g
+    FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g
+    RETURNING id, bucket, kind, aggregate_id, delivery_key, created_at
+)
+INSERT INTO {schema}.queue (id, bucket, kind, aggregate_id, delivery_key, created_at)
+SELECT id, bucket, kind, aggregate_id, delivery_key, created_at FROM m;
 
 -- name: plain_insert
--- The enqueue benchmark's yardstick: the same row as `insert_outbox`, with nothing around it.
+-- The enqueue benchmark's yardstick: the message's row in leasebox's outbox, with nothing
+-- around it (no queue row, no receipt, no lock).
 INSERT INTO {schema}.outbox
-    (kind, aggregate_id, recipient, template, data, delivery_key, max_attempts)
+    (bucket, kind, aggregate_id, recipient, template, data, delivery_key, max_attempts)
 VALUES
-    (%(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s, %(data)s, %(delivery_key)s,
-     %(max_attempts)s);
+    ((now() AT TIME ZONE 'UTC')::date, %(kind)s, %(aggregate_id)s, %(recipient)s, %(template)s,
+     %(data)s, %(delivery_key)s, %(max_attempts)s);
 
 -- name: baseline_claim
--- The plain baseline's claim: 100 ready rows in one statement, leased the way leasebox leases.
+-- The plain baseline's claim: 100 ready rows in one statement, leased the way leasebox leases,
+-- with each message's data (as the minimal loop reads its payload).
 WITH candidates AS (
     SELECT id
-    FROM {schema}.outbox
+    FROM {schema}.queue
     WHERE kind = 'otp' AND status = 'pending' AND available_at <= now()
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.queue AS q
+    SET status = 'processing',
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + interval '45 seconds',
+        attempts = q.attempts + 1,
+        updated_at = now()
+    WHERE q.id = ANY(ARRAY(SELECT id FROM candidates))
+    RETURNING q.id, q.bucket, q.lease_token
 )
-UPDATE {schema}.outbox AS o
-SET status = 'processing',
-    lease_token = gen_random_uuid(),
-    lease_expires_at = now() + interval '45 seconds',
-    attempts = o.attempts + 1,
-    updated_at = now()
-FROM candidates
-WHERE o.id = candidates.id
-RETURNING o.id, o.lease_token, o.data;
+SELECT c.id, c.lease_token, o.data
+FROM claimed AS c JOIN {schema}.outbox AS o ON o.id = c.id AND o.bucket = c.bucket;
 
 -- name: baseline_mark_sent
--- The plain baseline's completion: every claimed row in one statement, guarded by its lease.
-UPDATE {schema}.outbox AS o
-SET status = 'sent',
-    sent_at = now(),
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
-WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing';
+-- The plain baseline's completion: every claimed row out of the queue in one statement,
+-- guarded by its lease.
+DELETE FROM {schema}.queue AS q
+USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = d.id AND q.lease_token = d.token
+  AND q.status = 'processing'
+RETURNING q.id;
+
+-- fragment: accounting
+-- Exactly-once evidence from the tables, over the messages with ids from `first_id` on: a
+-- message is sent once it has left the queue, and attempts are counted at claim, so a message
+-- sent at its first claim has a `sent` history row of attempt 1 and no claim of attempt 2.
+SELECT (SELECT count(*) FROM {schema}.outbox WHERE id >= %(first_id)s) AS total,
+       (SELECT count(*) FROM {schema}.outbox WHERE id >= %(first_id)s)
+         - (SELECT count(*) FROM {schema}.queue WHERE id >= %(first_id)s) AS sent,
+       (SELECT count(*) FROM {schema}.history
+         WHERE event = 'sent' AND attempt = 1 AND outbox_id >= %(first_id)s)
+         AS sent_claimed_once,
+       (SELECT count(DISTINCT outbox_id) FROM {schema}.history
+         WHERE event = 'claimed' AND attempt > 1 AND outbox_id >= %(first_id)s)
+         AS claimed_more_than_once,
+       (SELECT count(*) FROM {schema}.queue
+         WHERE status IN ('pending', 'processing') AND id >= %(first_id)s) AS unfinished,
+       (SELECT count(*) FROM {schema}.queue
+         WHERE status = 'dead' AND id >= %(first_id)s) AS dead
 
 -- name: outbox_accounting
--- Exactly-once evidence from the table: attempts are counted at claim, so a row sent once
--- and claimed once has attempts = 1.
-SELECT count(*) AS total,
-       count(*) FILTER (WHERE status = 'sent') AS sent,
-       count(*) FILTER (WHERE status = 'sent' AND attempts = 1) AS sent_claimed_once,
-       count(*) FILTER (WHERE attempts > 1) AS claimed_more_than_once,
-       count(*) FILTER (WHERE status IN ('pending', 'processing')) AS unfinished,
-       count(*) FILTER (WHERE status = 'dead') AS dead
-FROM {schema}.outbox;
+-- Exactly-once evidence over every message.
+-- include: accounting
 
 -- name: latency_stats
--- Enqueue-to-sent latency of the rows created at or after `since`, in milliseconds.
-SELECT count(*) FILTER (WHERE status = 'sent') AS sent,
+-- Enqueue-to-sent latency of the messages created at or after `since`, in milliseconds.
+SELECT count(s.at) AS sent,
        count(*) AS total,
        percentile_cont(0.5) WITHIN GROUP (
-           ORDER BY extract(epoch FROM sent_at - created_at) * 1000) AS p50_ms,
+           ORDER BY extract(epoch FROM s.at - o.created_at) * 1000) AS p50_ms,
        percentile_cont(0.99) WITHIN GROUP (
-           ORDER BY extract(epoch FROM sent_at - created_at) * 1000) AS p99_ms,
-       max(extract(epoch FROM sent_at - created_at) * 1000) AS max_ms
-FROM {schema}.outbox
-WHERE created_at >= %(since)s;
+           ORDER BY extract(epoch FROM s.at - o.created_at) * 1000) AS p99_ms,
+       max(extract(epoch FROM s.at - o.created_at) * 1000) AS max_ms
+FROM {schema}.outbox AS o
+LEFT JOIN {schema}.history AS s
+    ON s.outbox_id = o.id AND s.bucket = o.bucket AND s.event = 'sent'
+WHERE o.created_at >= %(since)s;
 
 -- name: unfinished_since
--- Rows created since a time that are not settled yet.
-SELECT count(*) FROM {schema}.outbox
+-- Messages created since a time that are not settled yet.
+SELECT count(*) FROM {schema}.queue
 WHERE created_at >= %(since)s AND status IN ('pending', 'processing');
 
 -- name: pgqueuer_left
@@ -152,63 +177,67 @@ SELECT count(*) AS total,
 FROM {schema}.outbox;
 
 -- name: outbox_accounting_from
--- `outbox_accounting` over the rows with ids from `first_id` on (a batch seeded beside
+-- `outbox_accounting` over the messages with ids from `first_id` on (a batch seeded beside
 -- retained history).
-SELECT count(*) AS total,
-       count(*) FILTER (WHERE status = 'sent') AS sent,
-       count(*) FILTER (WHERE status = 'sent' AND attempts = 1) AS sent_claimed_once,
-       count(*) FILTER (WHERE attempts > 1) AS claimed_more_than_once,
-       count(*) FILTER (WHERE status IN ('pending', 'processing')) AS unfinished,
-       count(*) FILTER (WHERE status = 'dead') AS dead
-FROM {schema}.outbox
-WHERE id >= %(first_id)s;
+-- include: accounting
 
 -- name: next_outbox_id
 -- The id the next seeded row will get at the earliest.
 SELECT coalesce(max(id), 0) + 1 FROM {schema}.outbox;
 
 -- name: seed_history
--- Sent history in one set-based statement: rows `first` .. `first + count - 1` of `total`,
--- sent at a steady rate over the last `days` days (row 0 the oldest), each sent a second
--- after it was created, with the two history rows a send leaves (its claim and its `sent`).
--- This writes sent rows where the schema keeps them; a schema that moves history elsewhere
--- changes this statement, not the benchmark.
+-- Sent history in one set-based statement: messages `first` .. `first + count - 1` of
+-- `total`, created at a steady rate over the `days` whole days before today (message 0 the
+-- oldest), each sent a second after it was created, with what a send leaves: its receipt
+-- (valid for a day), its claim and its `sent` in the history. The day partitions exist
+-- before (`ensure_partitions`), as they do in production.
 WITH sent AS (
     INSERT INTO {schema}.outbox
-        (kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
-         created_at, updated_at, sent_at, provider_message_id)
-    SELECT 'otp', 'user-' || g, 'user' || g || '@example.com', 'otp',
-           jsonb_build_object('i', g, 'name', 'User ' || g),
-           'otp:history:' || g, 'sent', 1,
-           t.at - interval '1 second', t.at, t.at, 'null-' || g
+        (bucket, kind, aggregate_id, recipient, recipient_key, scope, template, data,
+         delivery_key, created_at)
+    SELECT (t.at AT TIME ZONE 'UTC')::date, 'otp', 'user-' || g, 'user' || g || '@example.com',
+           'user' || g || '@example.com', 'bench', 'otp',
+           jsonb_build_object('i', g, 'name', 'User ' || g), 'otp:history:' || g, t.at
     FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s::bigint - 1) AS g
     CROSS JOIN LATERAL (
-        SELECT now() - make_interval(days => %(days)s::int)
-               + make_interval(secs => %(days)s::float8 * 86400.0 * (g + 0.5)
-                                       / greatest(%(total)s::bigint, 1)) AS at
+        SELECT (((now() AT TIME ZONE 'UTC')::date - %(days)s::int)::timestamp
+                + make_interval(secs => %(days)s::float8 * 86400.0 * (g + 0.5)
+                                        / greatest(%(total)s::bigint, 1)))
+               AT TIME ZONE 'UTC' AS at
     ) AS t
-    RETURNING id, sent_at, provider_message_id
+    RETURNING id, bucket, kind, created_at
+),
+receipts AS (
+    INSERT INTO {schema}.receipts
+        (scope, idempotency_key, bucket, request_hash, outbox_id, outbox_bucket, created_at,
+         expires_at, last_seen_at)
+    SELECT 'bench', 'history-' || s.id,
+           ((s.created_at + interval '1 day') AT TIME ZONE 'UTC')::date, md5(s.id::text),
+           s.id, s.bucket, s.created_at, s.created_at + interval '1 day', s.created_at
+    FROM sent AS s
 )
 INSERT INTO {schema}.history
-    (outbox_id, event, at, attempt, lease_token, worker_id, lease_expires_at,
+    (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, lease_expires_at,
      provider_message_id)
-SELECT s.id, e.event, s.sent_at - e.before, 1, md5(s.id::text)::uuid, 'bench-history',
-       s.sent_at + interval '44 seconds',
-       CASE e.event WHEN 'sent' THEN s.provider_message_id END
+SELECT s.id, s.bucket, s.kind, e.event, s.created_at + e.after, 1, md5(s.id::text)::uuid,
+       'bench-history', s.created_at + interval '45 seconds',
+       CASE e.event WHEN 'sent' THEN 'null-' || s.id END
 FROM sent AS s
-CROSS JOIN (VALUES ('claimed', interval '0.5 second'), ('sent', interval '0 seconds'))
-    AS e(event, before);
+CROSS JOIN (VALUES ('claimed', interval '0.5 second'), ('sent', interval '1 second'))
+    AS e(event, after);
 
 -- name: history_oldest_day
--- How many sent rows are older than the retention (what one day's pruning must remove).
-SELECT count(*) FROM {schema}.outbox
-WHERE status = 'sent' AND sent_at < now() - make_interval(secs => %(retention_seconds)s);
+-- How many messages of the days before the retention are sent (what retention must drop).
+SELECT count(*) FROM {schema}.outbox AS o
+WHERE o.bucket < ((now() - make_interval(secs => %(retention_seconds)s)) AT TIME ZONE 'UTC')::date
+  AND NOT EXISTS (SELECT FROM {schema}.queue AS q WHERE q.id = o.id);
 
 -- name: plain_insert_many
 -- The batch yardstick: the same rows as `plain_insert`, many in one multi-row statement.
 INSERT INTO {schema}.outbox
-    (kind, aggregate_id, recipient, template, data, delivery_key, max_attempts)
-SELECT r.kind, r.aggregate_id, r.recipient, r.template, r.data, r.delivery_key, r.max_attempts
+    (bucket, kind, aggregate_id, recipient, template, data, delivery_key, max_attempts)
+SELECT (now() AT TIME ZONE 'UTC')::date, r.kind, r.aggregate_id, r.recipient, r.template,
+       r.data, r.delivery_key, r.max_attempts
 FROM unnest(%(kind)s::text[], %(aggregate_id)s::text[], %(recipient)s::text[],
             %(template)s::text[], %(data)s::jsonb[], %(delivery_key)s::text[],
             %(max_attempts)s::int[])

@@ -100,11 +100,14 @@ def bench_server(server_dsn: str) -> Iterator[BenchServer]:
 def test_outbox_accounting_sees_a_row_that_was_claimed_twice(db_dsn: str) -> None:
     seed_outbox(db_dsn, 4)
     with psycopg.connect(db_dsn) as conn:
-        conn.execute("UPDATE leasebox.outbox SET status = 'sent', attempts = 1")
+        # Every message sent, the first one at its second claim.
         conn.execute(
-            "UPDATE leasebox.outbox SET attempts = 2 WHERE id = (SELECT min(id) "
-            "FROM leasebox.outbox)"
+            "INSERT INTO leasebox.history (outbox_id, bucket, kind, event, at, attempt)"
+            " SELECT id, bucket, kind, e.event, now(), e.attempt + (id = m.first)::int"
+            " FROM leasebox.queue CROSS JOIN (SELECT min(id) AS first FROM leasebox.queue) AS m"
+            " CROSS JOIN (VALUES ('claimed', 1), ('sent', 1)) AS e (event, attempt)"
         )
+        conn.execute("DELETE FROM leasebox.queue")
         conn.commit()
 
     result = verify_outbox(db_dsn, 4, [])
@@ -165,7 +168,7 @@ def test_cutting_the_history_out_of_leasebox_statements_leaves_the_rest_intact(
         cut = without_history(shipped)
         assert "{schema}.history" in shipped
         assert "{schema}.history" not in cut
-        assert "UPDATE {schema}.outbox" in cut
+        assert "{schema}.queue" in cut
         assert len(cut.splitlines()) < len(shipped.splitlines())
     claim, mark = product_statements(history=False)
     db_conn.execute(
@@ -181,35 +184,41 @@ def test_history_is_seeded_evenly_over_its_days(db_dsn: str) -> None:
     seed_history(db_dsn, 1000, days=10)
 
     with psycopg.connect(db_dsn) as conn:
-        row = conn.execute(
-            "SELECT count(*), count(*) FILTER (WHERE sent_at < now() - interval '9 days'), "
-            "count(*) FILTER (WHERE status = 'sent') FROM leasebox.outbox"
-        ).fetchone()
+        days = conn.execute(
+            "SELECT (now() AT TIME ZONE 'UTC')::date - bucket, count(*) FROM leasebox.messages"
+            " WHERE status = 'sent' GROUP BY 1 ORDER BY 1"
+        ).fetchall()
         events = conn.execute(
             "SELECT event, count(DISTINCT outbox_id), count(*) FROM leasebox.history "
             "GROUP BY event ORDER BY event"
         ).fetchall()
+        receipts = conn.execute(
+            "SELECT count(DISTINCT outbox_id) FROM leasebox.receipts"
+        ).fetchone()
+        homeless = conn.execute("SELECT count(*) FROM leasebox.outbox_default").fetchone()
 
-    assert row == (1000, 100, 1000)
+    assert days == [(day, 100) for day in range(1, 11)]
     assert events == [("claimed", 1000, 1000), ("sent", 1000, 1000)]
+    assert receipts == (1000,)
+    assert homeless == (0,)  # every day has its partition
 
 
 def test_retention_drops_the_oldest_day_and_nothing_newer(db_dsn: str) -> None:
     seed_history(db_dsn, 1000, days=10)
 
-    _, pruned, held, drift = prune_oldest_day(db_dsn, 1000, 10)
+    _, pruned, held = prune_oldest_day(db_dsn, 10)
 
-    assert (pruned, held, drift) == (100, 100, 1)
+    assert (pruned, held) == (100, 100)
     with psycopg.connect(db_dsn) as conn:
         row = conn.execute("SELECT count(*) FROM leasebox.outbox").fetchone()
-    assert row == (900,)
+        events = conn.execute("SELECT count(*) FROM leasebox.history").fetchone()
+    assert (row, events) == ((900,), (1800,))
 
 
 def test_a_retention_run_that_removed_too_few_or_too_many_rows_is_an_error() -> None:
-    assert retention_error(100, 100, 1) == ""
-    assert retention_error(101, 100, 1) == ""
-    assert "removed 99 rows" in retention_error(99, 100, 1)
-    assert "removed 102 rows" in retention_error(102, 100, 1)
+    assert retention_error(100, 100) == ""
+    assert "removed 99 messages" in retention_error(99, 100)
+    assert "removed 101 messages" in retention_error(101, 100)
 
 
 @pytest.mark.slow

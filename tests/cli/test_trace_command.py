@@ -31,18 +31,19 @@ def at(seconds: float) -> datetime:
 def insert_row(
     conn: psycopg.Connection, key: str, *, aggregate: str = "user-1", kind: str = "otp"
 ) -> int:
+    # A message gone from the queue: sent, as its history (written by each test) tells.
     row = conn.execute(
-        "INSERT INTO leasebox.outbox (kind, aggregate_id, recipient, template, data, secrets, "
-        "delivery_key, status, attempts, created_at, sent_at) VALUES (%s, %s, "
-        "'jane.doe@example.com', 'otp', %s, %s, %s, 'sent', 2, %s, %s) RETURNING id",
+        "INSERT INTO leasebox.outbox (bucket, kind, aggregate_id, recipient, template, data,"
+        " secrets, delivery_key, created_at) VALUES ((%s::timestamptz AT TIME ZONE 'UTC')::date,"
+        " %s, %s, 'jane.doe@example.com', 'otp', %s, %s, %s, %s) RETURNING id",
         (
+            T0,
             kind,
             aggregate,
             json.dumps({"name": DATA_MARKER}),
             f"code={CODE}".encode(),
             key,
             T0,
-            at(48.5),
         ),
     ).fetchone()
     assert row is not None
@@ -51,10 +52,19 @@ def insert_row(
 
 def insert_receipt(conn: psycopg.Connection, outbox_id: int, key: str, reuses: int) -> None:
     conn.execute(
-        "INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id, "
-        "created_at, expires_at, last_seen_at, reuse_count) "
-        "VALUES ('default', %s, 'h', %s, %s, %s, %s, %s)",
-        (key, outbox_id, T0, at(86400), at(30), reuses),
+        "INSERT INTO leasebox.receipts (scope, idempotency_key, bucket, request_hash, outbox_id,"
+        " outbox_bucket, created_at, expires_at, last_seen_at, reuse_count)"
+        " SELECT 'default', %(key)s, (%(expires)s::timestamptz AT TIME ZONE 'UTC')::date, 'h', id,"
+        " bucket, %(created)s, %(expires)s, %(seen)s, %(reuses)s FROM leasebox.outbox"
+        " WHERE id = %(id)s",
+        {
+            "key": key,
+            "id": outbox_id,
+            "created": T0,
+            "expires": at(86400),
+            "seen": at(30),
+            "reuses": reuses,
+        },
     )
 
 
@@ -62,11 +72,11 @@ def insert_event(
     conn: psycopg.Connection, outbox_id: int, event: str, seconds: float, **f: object
 ) -> None:
     conn.execute(
-        "INSERT INTO leasebox.history (outbox_id, event, at, attempt, lease_token, worker_id, "
-        "lease_expires_at, error_class, error, provider_message_id) VALUES (%s, %s, %s, %s, %s, "
-        "%s, %s, %s, %s, %s)",
+        "INSERT INTO leasebox.history (outbox_id, bucket, kind, event, at, attempt, lease_token,"
+        " worker_id, lease_expires_at, error_class, error, provider_message_id)"
+        " SELECT id, bucket, kind, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM leasebox.outbox"
+        " WHERE id = %s",
         (
-            outbox_id,
             event,
             at(seconds),
             f.get("attempt"),
@@ -76,6 +86,7 @@ def insert_event(
             f.get("error_class"),
             f.get("error"),
             f.get("provider_message_id"),
+            outbox_id,
         ),
     )
 
@@ -270,7 +281,7 @@ def test_an_unreachable_database_is_one_line_and_exit_one(
 def test_a_schema_without_the_history_table_asks_for_the_migration(
     db_conn: psycopg.Connection, db_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db_conn.execute("DROP TABLE leasebox.history")
+    db_conn.execute("DROP TABLE leasebox.history CASCADE")
     db_conn.commit()
     code = main(["trace", "--dsn", db_dsn, "--id", "1"])
     assert code == 1

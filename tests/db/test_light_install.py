@@ -113,7 +113,7 @@ def test_the_bare_install_enqueues_in_the_callers_transaction(
     first, second, reused = result.stdout.split()
     assert (first, reused) == (second, "True")
     row = db_conn.execute(
-        "SELECT kind, recipient, status FROM leasebox.outbox WHERE id = %s", (int(first),)
+        "SELECT kind, recipient, status FROM leasebox.messages WHERE id = %s", (int(first),)
     ).fetchone()
     assert row == ("verification", "ada@example.com", "pending")
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 
 import psycopg
 import pytest
 
+from leasebox import OutboxMessage, enqueue
 from leasebox.db.migrations import (
     applied_versions,
     apply_canonical_schema,
@@ -63,7 +65,15 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
     migrate(empty_db_dsn, "mail_outbox")
     with psycopg.connect(empty_db_dsn) as conn:
         described = describe_schema(conn, "mail_outbox")
-        assert {row[0] for row in described["columns"]} == {"outbox", "receipts", "history"}
+        tables = {row[0] for row in described["columns"]}
+        assert {"outbox", "queue", "receipts", "history", "messages"} <= tables
+        assert {t.split("_")[0] for t in tables} == {
+            "outbox",
+            "queue",
+            "receipts",
+            "history",
+            "messages",
+        }
         assert describe_schema(conn, "leasebox")["columns"] == []
 
 
@@ -111,3 +121,118 @@ def test_upgrading_a_populated_0001_schema_normalises_recipients_and_drops_orpha
         ("b@x.org", "b@x.org", None, None),
     ]
     assert receipts == [("r1",)]
+
+
+UPGRADE_0003 = """
+INSERT INTO leasebox.outbox
+    (kind, aggregate_id, recipient, recipient_key, scope, template, delivery_key, status,
+     attempts, max_attempts, lease_token, lease_expires_at, leased_by, sent_at,
+     provider_message_id, dead_reason, last_error, created_at)
+VALUES
+    ('otp', 'u1', 'a@x.io', 'a@x.io', 'login', 'otp', 'pending', 'pending', 0, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, now() - interval '3 days'),
+    ('otp', 'u2', 'b@x.io', 'b@x.io', NULL, 'otp', 'held', 'processing', 1, 5,
+     gen_random_uuid(), now() + interval '1 minute', 'w1', NULL, NULL, NULL, NULL, now()),
+    ('invite', 'u3', 'c@x.io', 'c@x.io', NULL, 'invite', 'dead', 'dead', 3, NULL, NULL, NULL,
+     'w2', NULL, NULL, 'rejected', '550 no such user', now() - interval '1 day'),
+    ('otp', 'u4', 'd@x.io', 'd@x.io', NULL, 'otp', 'sent-traced', 'sent', 1, NULL, NULL, NULL,
+     'w3', now() - interval '2 days', 'p-4', NULL, NULL, now() - interval '2 days'),
+    ('otp', 'u5', 'e@x.io', 'e@x.io', NULL, 'otp', 'sent-before-0003', 'sent', 2, NULL, NULL,
+     NULL, 'w4', now() - interval '5 days', 'p-5', NULL, NULL, now() - interval '5 days');
+INSERT INTO leasebox.history (outbox_id, event, at, attempt, lease_token, worker_id,
+                              provider_message_id)
+SELECT id, e.event, created_at, 1, '00000000-0000-0000-0000-000000000004', 'w3',
+       CASE e.event WHEN 'sent' THEN 'p-4' END
+FROM leasebox.outbox CROSS JOIN (VALUES ('claimed'), ('sent')) AS e (event)
+WHERE delivery_key = 'sent-traced';
+INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id, expires_at,
+                               last_seen_at, reuse_count)
+SELECT 'login', 'r1', 'h', id, now() + interval '20 days', now(), 2
+FROM leasebox.outbox WHERE delivery_key = 'pending';
+"""
+
+
+def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_every_fact(
+    empty_db_dsn: str,
+) -> None:
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA leasebox")
+    migrated = migrate_to(empty_db_dsn, 3)
+    assert migrated == [1, 2, 3]
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        for statement in UPGRADE_0003.split(";\n"):
+            if statement.strip():
+                conn.execute(statement)
+        before: dict[str, int] = dict(
+            conn.execute("SELECT delivery_key, id FROM leasebox.outbox").fetchall()
+        )
+        sent_at: dict[str, datetime] = dict(
+            conn.execute(
+                "SELECT delivery_key, sent_at FROM leasebox.outbox WHERE status = 'sent'"
+            ).fetchall()
+        )
+
+    assert [m.version for m in migrate(empty_db_dsn)] == [4]
+
+    with psycopg.connect(empty_db_dsn) as conn:
+        found = {
+            key: (outbox_id, status, attempts, leased_by, provider_message_id, dead_reason)
+            for key, outbox_id, status, attempts, leased_by, provider_message_id, dead_reason in (
+                conn.execute(
+                    "SELECT delivery_key, id, status, attempts, leased_by, provider_message_id,"
+                    " dead_reason FROM leasebox.messages"
+                ).fetchall()
+            )
+        }
+        queued = conn.execute("SELECT delivery_key FROM leasebox.queue ORDER BY id").fetchall()
+        sent_rows = conn.execute(
+            "SELECT o.delivery_key, h.at, h.worker_id FROM leasebox.history AS h"
+            " JOIN leasebox.outbox AS o ON o.id = h.outbox_id WHERE h.event = 'sent'"
+            " ORDER BY o.id"
+        ).fetchall()
+        receipt = conn.execute(
+            "SELECT outbox_id, bucket = (expires_at AT TIME ZONE 'UTC')::date, reuse_count"
+            " FROM leasebox.receipts"
+        ).fetchone()
+        legacy = conn.execute("SELECT count(*) FROM leasebox.outbox_legacy").fetchone()
+        defaults = conn.execute(
+            "SELECT (SELECT count(*) FROM leasebox.receipts_default)"
+            " + (SELECT count(*) FROM leasebox.outbox_default)"
+        ).fetchone()
+        fresh = enqueue(conn, OutboxMessage(kind="otp", recipient="f@x.io"))
+    assert found == {
+        "pending": (before["pending"], "pending", 0, None, None, None),
+        "held": (before["held"], "processing", 1, "w1", None, None),
+        "dead": (before["dead"], "dead", 3, "w2", None, "rejected"),
+        "sent-traced": (before["sent-traced"], "sent", 1, "w3", "p-4", None),
+        "sent-before-0003": (before["sent-before-0003"], "sent", 2, "w4", "p-5", None),
+    }
+    assert queued == [("pending",), ("held",), ("dead",)]
+    # A send recorded before 0003 gets its `sent` row from what its outbox row recorded.
+    assert sent_rows == [
+        ("sent-traced", sent_at["sent-traced"], "w3"),
+        ("sent-before-0003", sent_at["sent-before-0003"], "w4"),
+    ]
+    assert receipt == (before["pending"], True, 2)
+    assert legacy == (5,)
+    assert defaults == (0,)  # the receipt expiring in 20 days has its day's partition
+    assert fresh.outbox_id > max(before.values())
+
+
+def migrate_to(dsn: str, version: int) -> list[int]:
+    """Apply leasebox's migrations up to `version` alone, as an older release would have."""
+    applied = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE leasebox.schema_migrations (version integer PRIMARY KEY,"
+            " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for migration in available_migrations()[:version]:
+            with conn.transaction():
+                conn.execute(compose(migration.text(), "leasebox"))
+                conn.execute(
+                    "INSERT INTO leasebox.schema_migrations VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+            applied.append(migration.version)
+    return applied

@@ -1,11 +1,13 @@
 """What the producer promises under attack and under races: limits that letter case cannot
-bypass, one delivery key for one message, receipts that never point at a missing row."""
+bypass, one delivery key for one message, receipts that keep their message and never map a
+request onto a message that is gone."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -16,7 +18,7 @@ from leasebox.cli.main import main
 from leasebox.errors import ConfigurationError
 from leasebox.store.dead_letters import DeadLetterFilter, purge_dead_letters
 from leasebox.store.pruning import prune
-from support.outbox_rows import count
+from support.outbox_rows import count, insert_message
 from support.waiting import waiting_on_a_lock
 
 
@@ -233,7 +235,7 @@ def test_a_receipt_goes_with_its_row_so_a_retry_after_a_purge_is_a_new_send(
     db_conn: psycopg.Connection[Any],
 ) -> None:
     first = enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
-    db_conn.execute("UPDATE leasebox.outbox SET status = 'dead', dead_reason = 'rejected'")
+    db_conn.execute("UPDATE leasebox.queue SET status = 'dead', dead_reason = 'rejected'")
     db_conn.commit()
     assert purge_dead_letters(db_conn, DeadLetterFilter()) == 1
     assert count(db_conn, "receipts") == 0
@@ -244,22 +246,41 @@ def test_a_receipt_goes_with_its_row_so_a_retry_after_a_purge_is_a_new_send(
     assert retried.delivery_key.startswith("otp:")
 
 
-def test_prune_keeps_a_sent_row_while_a_live_receipt_points_at_it(
+def test_prune_keeps_an_old_sent_message_while_a_live_receipt_names_it(
     db_conn: psycopg.Connection[Any],
 ) -> None:
-    first = enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
-    db_conn.execute(
-        "UPDATE leasebox.outbox SET status = 'sent', sent_at = now() - interval '8 days'"
+    eight_days_ago = datetime.now(UTC) - timedelta(days=8)
+    wanted, forgotten = (
+        insert_message(
+            db_conn,
+            status="sent",
+            sent_at=eight_days_ago,
+            kind="otp",
+            recipient="ada@example.com",
+            template="otp",
+            delivery_key=key,
+        )
+        for key in ("otp:challenge-1", "otp:challenge-2")
     )
     db_conn.commit()
-    assert prune(db_conn, retention_seconds=7 * 86400).sent == 0
-    retried = enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
-    assert (retried.outbox_id, retried.reused) == (first.outbox_id, True)
-    assert retried.delivery_key == first.delivery_key
-    db_conn.execute("UPDATE leasebox.receipts SET expires_at = now() - interval '1 second'")
+    # Requests that reuse the messages' delivery keys today get receipts for them.
+    first = enqueue(db_conn, otp(delivery_key="otp:challenge-1"), idempotency_key="k1")
+    enqueue(db_conn, otp(delivery_key="otp:challenge-2"), idempotency_key="k2")
+    db_conn.execute(
+        "UPDATE leasebox.receipts SET expires_at = now() - interval '1 second'"
+        " WHERE idempotency_key = 'k2'"
+    )
     db_conn.commit()
-    assert prune(db_conn, retention_seconds=7 * 86400).sent == 1
-    assert (count(db_conn, "outbox"), count(db_conn, "receipts")) == (0, 0)
+    assert (first.outbox_id, first.reused) == (wanted, True)
+
+    result = prune(db_conn, retention_seconds=7 * 86400)
+
+    assert (result.sent, result.kept) == (1, 1)
+    retried = enqueue(db_conn, otp(delivery_key="otp:challenge-1"), idempotency_key="k1")
+    assert (retried.outbox_id, retried.reused) == (wanted, True)
+    remaining = db_conn.execute("SELECT id, status FROM leasebox.messages").fetchall()
+    assert remaining == [(wanted, "sent")]
+    assert forgotten != wanted
 
 
 def test_prune_refuses_a_retention_shorter_than_the_receipt_ttl_unless_allowed(
@@ -275,15 +296,19 @@ def test_prune_refuses_a_retention_shorter_than_the_receipt_ttl_unless_allowed(
     assert main(["prune", "--dsn", db_dsn, "--retention", "1h", "--allow-short-retention"]) == 0
 
 
-def test_a_receipt_never_points_at_a_missing_row(db_conn: psycopg.Connection[Any]) -> None:
-    enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
+def test_a_request_whose_message_was_deleted_by_hand_is_a_new_send_with_a_receipt(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    first = enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
     db_conn.commit()
+    db_conn.execute("DELETE FROM leasebox.queue")
     db_conn.execute("DELETE FROM leasebox.outbox")
     db_conn.commit()
-    assert count(db_conn, "receipts") == 0
-    with pytest.raises(psycopg.errors.ForeignKeyViolation):
-        db_conn.execute(
-            "INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id,"
-            " expires_at) VALUES ('s', 'k', 'h', 424242, now() + interval '1 day')"
-        )
-    db_conn.rollback()
+    again = enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
+    db_conn.commit()
+    assert again.reused is False
+    assert again.outbox_id != first.outbox_id
+    # The receipt now names the new send, so the next retry is that send, not a third one.
+    retried = enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
+    assert (retried.outbox_id, retried.reused) == (again.outbox_id, True)
+    assert count(db_conn, "receipts") == 1

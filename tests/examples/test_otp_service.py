@@ -92,7 +92,9 @@ async def test_a_request_commits_the_challenge_and_its_outbox_row_together(
     )
     assert (challenge_id, email) == (answer.body["challenge_id"], "ada@example.com")
     [(outbox_id, aggregate_id, sealed, status)] = rows(
-        db_dsn, "SELECT id, aggregate_id, secrets, status FROM leasebox.outbox"
+        db_dsn,
+        "SELECT o.id, o.aggregate_id, o.secrets, m.status"
+        " FROM leasebox.outbox AS o JOIN leasebox.messages AS m USING (id)",
     )
     assert (outbox_id, aggregate_id, status) == (answer.body["outbox_id"], challenge_id, "pending")
     code = PayloadCipher([payload_key]).open(bytes(sealed))["code"]

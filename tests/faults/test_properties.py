@@ -29,6 +29,7 @@ from leasebox.errors import PermanentProviderError, TransientProviderError
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 from support import hostile_http as http
 from support import hostile_smtp as smtp
+from support.outbox_rows import insert_message
 
 ANY_CHARACTER = st.characters(exclude_categories=())
 HOSTILE_TEXT = st.one_of(
@@ -116,10 +117,16 @@ def test_what_the_boundary_keeps_is_written_by_postgresql(
 ) -> None:
     kept = accepted(SendResult(message_id)).provider_message_id
     failure = classify(TransientProviderError(code, text))
-    db_conn.execute(
-        "INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key, provider_message_id,"
-        " last_error, last_error_class) VALUES ('otp', 'a@example.com', 'otp', 'k', %s, %s, %s)",
-        (kept, failure.detail, failure.code),
+    # A provider's id goes to the `sent` history row, a failure's text to the queue row.
+    common = {"kind": "otp", "recipient": "a@example.com", "template": "otp"}
+    insert_message(db_conn, status="sent", provider_message_id=kept, delivery_key="k1", **common)
+    insert_message(
+        db_conn,
+        status="dead",
+        last_error=failure.detail,
+        last_error_class=failure.code,
+        delivery_key="k2",
+        **common,
     )
     db_conn.rollback()
 

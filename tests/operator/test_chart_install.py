@@ -80,7 +80,9 @@ def _ready(port: int) -> bool:
 
 def _sent(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM leasebox.outbox WHERE status = 'sent'").fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM leasebox.messages WHERE status = 'sent'"
+        ).fetchone()
     return int(row[0]) if row else 0
 
 

@@ -15,6 +15,7 @@ from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
 from leasebox_operator.errors import PollError, SecretError
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.settings import OperatorSettings
+from support.outbox_rows import insert_backlog
 
 SPEC = PoolSpec.model_validate({
     "kinds": ["otp"], "database": {"secretRef": {"name": "db"}},
@@ -46,11 +47,7 @@ async def pools() -> AsyncIterator[ConnectionPools]:
 
 
 def _insert(conn: psycopg.Connection[Any], count: int) -> None:
-    conn.execute(
-        "INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key) "
-        "SELECT 'otp', 'u@example.com', 'otp', 'k' || i FROM generate_series(1, %s) AS i",
-        (count,),
-    )
+    insert_backlog(conn, count)
     conn.commit()
 
 
@@ -71,7 +68,7 @@ async def test_pools_sharing_a_database_share_one_connection_pool(
 async def test_a_blocked_backlog_query_hits_the_statement_timeout(
     pools: ConnectionPools, db_conn: psycopg.Connection[Any], db_dsn: str
 ) -> None:
-    db_conn.execute("LOCK TABLE leasebox.outbox IN ACCESS EXCLUSIVE MODE")
+    db_conn.execute("LOCK TABLE leasebox.queue IN ACCESS EXCLUSIVE MODE")
     try:
         with pytest.raises(PollError) as caught:
             await pools.backlog(db_dsn, ["otp"], "leasebox", 5.0)

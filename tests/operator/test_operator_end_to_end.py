@@ -23,6 +23,7 @@ from psycopg import conninfo, sql
 
 from support.kube.emulator import KubeEmulator
 from support.kube.harness import POOLS, Cluster, running_operator, secret
+from support.outbox_rows import insert_backlog
 from support.waiting import wait_for
 
 NAME = "e2e"
@@ -61,16 +62,11 @@ class Database:
 
     def insert_backlog(self, count: int) -> None:
         with psycopg.connect(self.dsn) as conn:
-            conn.execute(
-                "INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key) "
-                "SELECT 'otp', 'user' || i || '@example.com', 'otp', 'e2e:' || i || ':' || "
-                "gen_random_uuid() FROM generate_series(1, %s) AS i",
-                (count,),
-            )
+            insert_backlog(conn, count, prefix="e2e")
 
     def drain(self) -> None:
         with psycopg.connect(self.dsn) as conn:
-            conn.execute("DELETE FROM leasebox.outbox")
+            conn.execute("DELETE FROM leasebox.queue")  # as if every message had been sent
 
     def allow_connections(self, allowed: bool) -> None:
         with psycopg.connect(self.server_dsn, autocommit=True) as admin:

@@ -19,6 +19,7 @@ import pytest
 
 from support.kube.emulator import KubeEmulator
 from support.kube.harness import POOLS, Cluster, OperatorProcess, prepare_cluster
+from support.outbox_rows import insert_backlog
 from support.waiting import wait_for
 
 NAME = "ha"
@@ -57,12 +58,7 @@ def _peers(kube: KubeEmulator) -> dict[str, Any]:
 
 def _backlog(dsn: str, count: int) -> None:
     with psycopg.connect(dsn) as conn:
-        conn.execute(
-            "INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key) "
-            "SELECT 'otp', 'u' || i || '@example.com', 'otp', 'ha:' || gen_random_uuid() "
-            "FROM generate_series(1, %s) AS i",
-            (count,),
-        )
+        insert_backlog(conn, count, prefix="ha")
 
 
 @pytest.fixture
@@ -108,7 +104,7 @@ def test_only_the_leader_scales_and_the_standby_takes_over_when_it_stops(
     assert set(_peers(kube_emulator)) == {"operator-b"}
     before = len(_scalers(kube_emulator))
     with psycopg.connect(db_dsn) as conn:
-        conn.execute("DELETE FROM leasebox.outbox")
+        conn.execute("DELETE FROM leasebox.queue")  # as if every message had been sent
     wait_for(lambda: cluster.replicas() == 1, what="the scale-down by the new leader",
              timeout=20)  # fmt: skip
     later = _scalers(kube_emulator)[before:]

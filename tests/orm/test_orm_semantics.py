@@ -41,7 +41,7 @@ def rows(dsn: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn) as observer:
         return observer.execute(
             "SELECT id, recipient, data, max_attempts, expires_at IS NOT NULL, status"
-            " FROM leasebox.outbox ORDER BY id"
+            " FROM leasebox.messages ORDER BY id"
         ).fetchall()
 
 
@@ -149,8 +149,8 @@ def test_optional_fields_left_unset_are_written_as_nulls_and_defaults(
 
     with psycopg.connect(db_dsn) as observer:
         found = observer.execute(
-            "SELECT aggregate_id, data, secrets, max_attempts, expires_at,"
-            " available_at <= now() FROM leasebox.outbox"
+            "SELECT o.aggregate_id, o.data, o.secrets, o.max_attempts, o.expires_at,"
+            " q.available_at <= now() FROM leasebox.outbox AS o JOIN leasebox.queue AS q USING (id)"
         ).fetchone()
     assert found == (None, {}, None, None, None, True)
 

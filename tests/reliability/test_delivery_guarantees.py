@@ -142,7 +142,7 @@ def leases_held_by(dsn: str, worker: str) -> dict[int, uuid.UUID]:
     """The rows `worker` holds under a lease, with the lease's token."""
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            "SELECT id, lease_token FROM leasebox.outbox WHERE status = 'processing'"
+            "SELECT id, lease_token FROM leasebox.queue WHERE status = 'processing'"
             " AND leased_by = %s",
             (worker,),
         ).fetchall()
@@ -166,7 +166,7 @@ def held_by(dsn: str, worker: str) -> set[str]:
     """The delivery keys of the rows `worker` holds under a lease."""
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            "SELECT delivery_key FROM leasebox.outbox WHERE status = 'processing'"
+            "SELECT delivery_key FROM leasebox.queue WHERE status = 'processing'"
             " AND leased_by = %s",
             (worker,),
         ).fetchall()
@@ -203,7 +203,7 @@ def test_transient_failures_are_retried_to_delivery_and_a_rejection_dead_letters
     assert sink.recipient_attempts["rejected@example.com"] == 1
     with psycopg.connect(db_dsn) as conn:
         row = conn.execute(
-            "SELECT status, dead_reason, attempts, last_error_class FROM leasebox.outbox"
+            "SELECT status, dead_reason, attempts, last_error_class FROM leasebox.messages"
             " WHERE delivery_key = %s",
             (rejected_key,),
         ).fetchone()
@@ -282,7 +282,7 @@ def test_a_worker_stalled_past_its_lease_cannot_settle_the_row_and_counts_the_lo
     assert second.log().count('"reclaimed an expired lease (pending)"') == 1
     with psycopg.connect(db_dsn) as conn:
         row = conn.execute(
-            "SELECT leased_by, attempts, provider_message_id FROM leasebox.outbox"
+            "SELECT leased_by, attempts, provider_message_id FROM leasebox.messages"
         ).fetchone()
     assert row == ("w2", 2, derived_message_id(key))
     assert sink.copies[key] == [derived_message_id(key)] * 2
@@ -311,7 +311,7 @@ def test_a_worker_stalled_past_its_lease_cannot_settle_the_row_and_counts_the_lo
 def lease_of(dsn: str) -> tuple[str, str] | None:
     """(status, leased_by) of the one row."""
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT status, leased_by FROM leasebox.outbox").fetchone()
+        row = conn.execute("SELECT status, leased_by FROM leasebox.messages").fetchone()
     return None if row is None else (str(row[0]), str(row[1]))
 
 

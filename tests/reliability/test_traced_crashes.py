@@ -47,7 +47,7 @@ def test_a_killed_workers_duplicates_are_told_as_leases_that_ran_out_unreported(
     with psycopg.connect(db_dsn) as lock:
         # The rows locked, the worker cannot record the sends the server now accepts: it is
         # killed between the provider's answer and its write, the window a crash duplicates.
-        lock.execute("SELECT id FROM leasebox.outbox FOR UPDATE")
+        lock.execute("SELECT id FROM leasebox.queue FOR UPDATE")
         sink.gate.set()
         wait_until(lambda: sink.delivered == 4, 30, lambda: sink.delivered)
         first.process.send_signal(signal.SIGKILL)

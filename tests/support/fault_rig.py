@@ -131,7 +131,7 @@ def seed(conn: psycopg.Connection[Any], cipher: PayloadCipher, count: int, **fie
 
 def rows(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
-        found = cur.execute("SELECT * FROM leasebox.outbox").fetchall()
+        found = cur.execute("SELECT * FROM leasebox.messages").fetchall()
     conn.rollback()
     return {row["delivery_key"]: row for row in found}
 

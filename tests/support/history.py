@@ -22,6 +22,7 @@ from leasebox.store.history import HistoryEvent as Event
 
 __all__ = [
     "Event",
+    "add_history",
     "check_histories",
     "check_history",
     "count_rows",
@@ -150,7 +151,7 @@ def check_history(rows: Iterable[Event], row: dict[str, Any]) -> None:
 def check_histories(conn: psycopg.Connection[Any], *, schema: str = "leasebox") -> int:
     """`check_history` for every message of the outbox; returns how many were checked."""
     statement = sql.SQL(
-        "SELECT id, status, attempts, leased_by, provider_message_id, dead_reason FROM {}.outbox"
+        "SELECT id, status, attempts, leased_by, provider_message_id, dead_reason FROM {}.messages"
     ).format(sql.Identifier(schema))
     with conn.cursor(row_factory=dict_row) as cur:
         found = cur.execute(statement).fetchall()
@@ -159,3 +160,18 @@ def check_histories(conn: psycopg.Connection[Any], *, schema: str = "leasebox") 
     for row in found:
         check_history(written.get(row["id"], []), row)
     return len(found)
+
+
+def add_history(
+    conn: psycopg.Connection[Any], outbox_id: int, *names: str, schema: str = "leasebox"
+) -> int:
+    """Give a message some history rows, in its day partition as the statements write them
+    (events only, at now); commits and returns the message's id."""
+    statement = sql.SQL(
+        "INSERT INTO {schema}.history (outbox_id, bucket, kind, event, at)"
+        " SELECT id, bucket, kind, %(event)s, now() FROM {schema}.outbox WHERE id = %(id)s"
+    ).format(schema=sql.Identifier(schema))
+    for name in names:
+        assert conn.execute(statement, {"id": outbox_id, "event": name}).rowcount == 1
+    conn.commit()
+    return outbox_id

@@ -59,6 +59,7 @@ WORKER_ARGS = (
 
 
 COLUMNS = (
+    "bucket",
     "kind",
     "aggregate_id",
     "recipient",
@@ -328,10 +329,13 @@ def wait_until(
 def seed(
     dsn: str, count: int, *, recipient: Callable[[int], str] | None = None, max_attempts: int = 8
 ) -> list[str]:
-    """Insert `count` ready OTP rows in one COPY; returns their delivery keys."""
+    """Insert `count` ready OTPs in one COPY (and their queue rows in one statement); returns
+    their delivery keys."""
     cipher = PayloadCipher(allow_plaintext=True)  # the workers need no keys to open these
     keys = [f"otp:{uuid.uuid4().hex}" for _ in range(count)]
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        today = cur.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()
+        assert today is not None
         statement = sql.SQL("COPY leasebox.outbox ({}) FROM STDIN").format(
             sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
         )
@@ -340,6 +344,7 @@ def seed(
                 address = recipient(i) if recipient else f"user{i}@example.com"
                 copy.write_row(
                     (
+                        today[0],
                         "otp",
                         f"user-{i}",
                         address,
@@ -350,13 +355,20 @@ def seed(
                         max_attempts,
                     )
                 )
+        cur.execute(
+            "INSERT INTO leasebox.queue"
+            " (id, bucket, kind, aggregate_id, delivery_key, max_attempts, created_at)"
+            " SELECT id, bucket, kind, aggregate_id, delivery_key, max_attempts, created_at"
+            " FROM leasebox.outbox WHERE delivery_key = ANY(%s)",
+            (keys,),
+        )
     return keys
 
 
 def statuses(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, connect_timeout=5) as conn:
         rows = conn.execute(
-            "SELECT status, count(*) FROM leasebox.outbox GROUP BY status"
+            "SELECT status, count(*) FROM leasebox.messages GROUP BY status"
         ).fetchall()
     return {status: int(n) for status, n in rows}
 

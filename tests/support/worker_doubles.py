@@ -24,7 +24,7 @@ from leasebox.delivery.providers.base import (
 from leasebox.errors import PermanentProviderError, TransientProviderError
 
 Insert = Callable[..., int]
-"""The `insert` fixture: insert one outbox row with these fields, return its id."""
+"""The `insert` fixture: insert one message with these fields, return its id."""
 
 
 class ManualClock:
@@ -56,6 +56,8 @@ class ScriptedProvider:
         self.started_sends = 0
         self.problem: str | None = None
         self.message_id_prefix = "scripted"
+        # A provider may say it reads no content (`null://` does): it then gets none.
+        self.reads_content = True
 
     def hold(self, recipient: str) -> asyncio.Event:
         """Make sends to `recipient` wait until the returned event is set."""
@@ -91,9 +93,9 @@ class ScriptedProvider:
 
 
 def row_of(conn: psycopg.Connection, outbox_id: int) -> dict[str, Any]:
-    """The outbox row as a dict (committed state)."""
+    """The message with where it is, as a dict (committed state)."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute("SELECT * FROM leasebox.outbox WHERE id = %s", (outbox_id,))
+        cur.execute("SELECT * FROM leasebox.messages WHERE id = %s", (outbox_id,))
         found = cur.fetchone()
     conn.rollback()
     assert found is not None
@@ -101,7 +103,7 @@ def row_of(conn: psycopg.Connection, outbox_id: int) -> dict[str, Any]:
 
 
 def statuses(conn: psycopg.Connection) -> dict[str, int]:
-    rows = conn.execute("SELECT status, count(*) FROM leasebox.outbox GROUP BY status").fetchall()
+    rows = conn.execute("SELECT status, count(*) FROM leasebox.messages GROUP BY status").fetchall()
     conn.rollback()
     return {status: int(count) for status, count in rows}
 

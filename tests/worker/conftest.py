@@ -11,11 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.producer.payload_crypto import PayloadCipher
 from support.counted_statements import Statements
+from support.outbox_rows import insert_message
 from support.worker_doubles import Insert, ManualClock, ScriptedProvider
 
 
@@ -54,7 +54,7 @@ async def db_aconn(db_dsn: str) -> AsyncIterator[psycopg.AsyncConnection]:
 
 @pytest.fixture
 def db_insert(db_conn: psycopg.Connection, db_now: datetime) -> Insert:
-    """Insert one outbox row (committed) and return its id; fields override the defaults.
+    """Insert one message (committed) and return its id; fields override the defaults.
 
     Rows are ready a second before `db_now`, the time the injected clock starts at.
     """
@@ -74,14 +74,9 @@ def db_insert(db_conn: psycopg.Connection, db_now: datetime) -> Insert:
             "available_at": db_now - timedelta(seconds=1),
             **fields,
         }
-        statement = sql.SQL("INSERT INTO leasebox.outbox ({}) VALUES ({}) RETURNING id").format(
-            sql.SQL(", ").join(map(sql.Identifier, row)),
-            sql.SQL(", ").join(map(sql.Placeholder, row)),
-        )
-        found = db_conn.execute(statement, row).fetchone()
+        outbox_id = insert_message(db_conn, **row)
         db_conn.commit()
-        assert found is not None
-        return int(found[0])
+        return outbox_id
 
     return insert_row
 

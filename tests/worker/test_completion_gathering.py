@@ -118,7 +118,7 @@ def claim_rows(
 
 
 def sent_rows(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM leasebox.outbox WHERE status = 'sent'").fetchone()
+    row = conn.execute("SELECT count(*) FROM leasebox.messages WHERE status = 'sent'").fetchone()
     conn.rollback()
     assert row is not None
     return int(row[0])

@@ -1,6 +1,7 @@
-"""The history goes with its rows: prune and purge delete the history of the rows they delete
-and nothing else, in the same statement. And the statements that write it stay on their
-indexes, so the history never makes the hot path scan a table.
+"""The history goes with its messages: retention and purge remove the history of the messages
+they remove and nothing else, and the history of a message retention keeps moves with it.
+And the statements that write it stay on their indexes, so the history never makes the hot
+path scan a table.
 """
 
 from __future__ import annotations
@@ -14,64 +15,52 @@ import pytest
 from leasebox.db.queries import query
 from leasebox.store.dead_letters import DeadLetterFilter, purge_dead_letters
 from leasebox.store.pruning import prune
-from support.history import count_rows, histories
+from support.history import add_history, count_rows, histories
+from support.outbox_rows import insert_receipt
+from support.plans import analyze, full_scans, indexes, plan_of, reads
 from support.worker_doubles import Insert
 
 WEEK = 7 * 86400
 
 
-def with_history(conn: psycopg.Connection[Any], outbox_id: int, *events: str) -> int:
-    """Give a row some history (as its statements would have written it); returns its id."""
-    for event in events:
-        conn.execute(
-            "INSERT INTO leasebox.history (outbox_id, event, at) VALUES (%s, %s, now())",
-            (outbox_id, event),
-        )
-    conn.commit()
-    return outbox_id
-
-
-def test_prune_deletes_the_history_of_the_rows_it_deletes_and_no_other(
+def test_prune_removes_the_history_of_the_messages_it_removes_and_no_other(
     db_conn: psycopg.Connection[Any], db_insert: Insert, db_now: datetime
 ) -> None:
+    # A sent message written by hand has its `sent` history row already.
     old = [
-        with_history(
-            db_conn, db_insert(status="sent", sent_at=db_now - timedelta(days=8)), e, "sent"
-        )
+        add_history(db_conn, db_insert(status="sent", sent_at=db_now - timedelta(days=8)), e)
         for e in ("claimed", "retry")
     ]
-    recent = with_history(
-        db_conn, db_insert(status="sent", sent_at=db_now - timedelta(days=1)), "claimed", "sent"
+    recent = add_history(
+        db_conn, db_insert(status="sent", sent_at=db_now - timedelta(days=1)), "claimed"
     )
-    referenced = with_history(
-        db_conn, db_insert(status="sent", sent_at=db_now - timedelta(days=9)), "claimed", "sent"
+    referenced = add_history(
+        db_conn, db_insert(status="sent", sent_at=db_now - timedelta(days=9)), "claimed"
     )
-    db_conn.execute(
-        "INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id,"
-        " expires_at) VALUES ('s', 'k', 'h', %s, now() + interval '1 hour')",
-        (referenced,),
+    insert_receipt(db_conn, referenced, "k", expires_at=db_now + timedelta(hours=1))
+    waiting = add_history(
+        db_conn, db_insert(created_at=db_now - timedelta(days=10)), "claimed", "released"
     )
-    pending = with_history(db_conn, db_insert(), "claimed", "released")
     db_conn.commit()
 
-    result = prune(db_conn, retention_seconds=WEEK, batch_size=1)
+    result = prune(db_conn, retention_seconds=WEEK)
 
-    assert result.sent == 2
-    assert set(histories(db_conn)) == {recent, referenced, pending}
+    assert (result.sent, result.kept) == (2, 2)
+    assert set(histories(db_conn)) == {recent, referenced, waiting}
     assert not set(old) & set(histories(db_conn, old))
     assert count_rows(db_conn) == 6
 
 
 def test_purge_deletes_the_history_of_the_dead_letters_it_deletes_and_no_other(
-    db_conn: psycopg.Connection[Any], db_insert: Insert
+    db_conn: psycopg.Connection[Any], db_insert: Insert, db_now: datetime
 ) -> None:
     def dead(kind: str) -> int:
         row = db_insert(kind=kind, template=kind, status="dead", dead_reason="rejected")
-        return with_history(db_conn, row, "claimed", "dead")
+        return add_history(db_conn, row, "claimed", "dead")
 
     purged = [dead("otp"), dead("otp")]
     kept_kind = dead("invite")
-    sent = with_history(db_conn, db_insert(status="sent", sent_at=db_now_of(db_conn)), "sent")
+    sent = db_insert(status="sent", sent_at=db_now)
 
     assert purge_dead_letters(db_conn, DeadLetterFilter(kinds=("otp",)), batch_size=1) == 2
 
@@ -80,67 +69,54 @@ def test_purge_deletes_the_history_of_the_dead_letters_it_deletes_and_no_other(
     assert count_rows(db_conn) == 3
 
 
-def db_now_of(conn: psycopg.Connection[Any]) -> datetime:
-    row = conn.execute("SELECT now()").fetchone()
-    conn.rollback()
-    assert row is not None
-    value: datetime = row[0]
-    return value
-
-
 SEED = """
-INSERT INTO leasebox.outbox (kind, recipient, template, delivery_key, status, attempts,
-                             lease_token, lease_expires_at, leased_by, sent_at, dead_reason)
-SELECT 'otp', 'u' || g || '@example.com', 'otp', 'seed:' || g,
-       CASE g % 10 WHEN 0 THEN 'processing' WHEN 1 THEN 'dead' ELSE 'sent' END, 1,
-       CASE WHEN g % 10 = 0 THEN gen_random_uuid() END,
-       CASE WHEN g % 10 = 0 THEN now() + interval '1 minute' END,
-       'w',
-       CASE WHEN g % 10 > 1 THEN now() - interval '1 hour' END,
-       CASE WHEN g % 10 = 1 THEN 'rejected' END
-FROM generate_series(1, 30000) AS g
+WITH m AS (
+    INSERT INTO leasebox.outbox (bucket, kind, recipient, template, delivery_key)
+    SELECT (now() AT TIME ZONE 'UTC')::date, 'otp', 'u' || g || '@example.com', 'otp',
+           'seed:' || g
+    FROM generate_series(1, 30000) AS g
+    RETURNING id, bucket, kind, delivery_key
+),
+q AS (
+    INSERT INTO leasebox.queue (id, bucket, kind, delivery_key, status, attempts, lease_token,
+                                lease_expires_at, leased_by, dead_reason)
+    SELECT id, bucket, kind, delivery_key,
+           CASE id % 10 WHEN 0 THEN 'processing' ELSE 'dead' END, 1,
+           CASE WHEN id % 10 = 0 THEN gen_random_uuid() END,
+           CASE WHEN id % 10 = 0 THEN now() + interval '1 minute' END,
+           'w', CASE WHEN id % 10 = 1 THEN 'rejected' END
+    FROM m WHERE id % 10 IN (0, 1)
+),
+r AS (
+    INSERT INTO leasebox.receipts (scope, idempotency_key, bucket, request_hash, outbox_id,
+                                   outbox_bucket, expires_at)
+    SELECT 's', 'k' || id, bucket + 1, 'h', id, bucket, now() + interval '1 day' FROM m
+)
+INSERT INTO leasebox.history (outbox_id, bucket, kind, event, at, attempt, worker_id)
+SELECT id, bucket, kind, 'claimed', now(), 1, 'w' FROM m
 """
-SEED_HISTORY = """
-INSERT INTO leasebox.history (outbox_id, event, at, attempt, lease_token, worker_id)
-SELECT id, 'claimed', now(), 1, coalesce(lease_token, gen_random_uuid()), 'w'
-FROM leasebox.outbox
+CLAIMS = """
+UPDATE leasebox.history AS h SET lease_token = coalesce(q.lease_token, gen_random_uuid())
+FROM leasebox.queue AS q WHERE q.id = h.outbox_id
 """
 
 
 @pytest.fixture
 def seeded(db_conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     db_conn.execute(SEED)
-    db_conn.execute(SEED_HISTORY)
+    db_conn.execute(CLAIMS)
     db_conn.commit()
-    db_conn.execute("ANALYZE leasebox.outbox")
-    db_conn.execute("ANALYZE leasebox.history")
-    db_conn.commit()
+    analyze(db_conn, "outbox", "queue", "history", "receipts")
     return db_conn
 
 
-def scans(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> set[str]:
-    """How the statement's plan reads each table: `Seq Scan on outbox`, `Index Scan using ...`."""
-    explain = psycopg.sql.SQL("EXPLAIN (FORMAT JSON) ") + query(name)
-    row = conn.execute(explain, params).fetchone()
-    conn.rollback()
-    assert row is not None
-    found: set[str] = set()
-
-    def walk(node: dict[str, Any]) -> None:
-        if "Relation Name" in node and node["Node Type"] != "ModifyTable":
-            how = node.get("Index Name")
-            what = f"using {how}" if how else f"on {node['Relation Name']}"
-            found.add(f"{node['Node Type']} {what}")
-        for child in node.get("Plans", []):
-            walk(child)
-
-    walk(row[0][0]["Plan"])
-    return found
+def plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> Any:
+    return plan_of(conn, query(name), params)
 
 
 def held_leases(conn: psycopg.Connection[Any], count: int) -> tuple[list[int], list[Any]]:
     rows = conn.execute(
-        "SELECT id, lease_token FROM leasebox.outbox WHERE status = 'processing' LIMIT %s",
+        "SELECT id, lease_token FROM leasebox.queue WHERE status = 'processing' LIMIT %s",
         (count,),
     ).fetchall()
     conn.rollback()
@@ -162,25 +138,18 @@ def test_the_settling_statements_find_rows_and_claims_by_key_and_never_scan(
     ids, tokens = held_leases(seeded, 100)
     params: dict[str, Any] = {"ids": ids, "tokens": tokens, "now": None, "worker_id": "w"}
     params.update({column: [value] * len(ids) for column, value in columns.items()})
-    found = scans(seeded, name, params)
-    assert not {s for s in found if s.startswith("Seq Scan")}, found
-    assert any("outbox_pkey" in s for s in found), found
-    assert any("history_pkey" in s for s in found), found  # a lost lease's claim, by key
+    found = plan(seeded, name, params)
+    assert not full_scans(seeded, found), reads(found)
+    used = indexes(seeded, found)
+    # The rows by key; a lost lease's message by key, then its claim in the message's history.
+    assert {"queue_pkey", "outbox_pkey", "history_outbox_idx"} <= used, used
 
 
-@pytest.mark.parametrize(
-    ("name", "params"),
-    [
-        ("prune_sent", {"retention_seconds": 60, "limit": 50}),
-        (
-            "purge_dead_letters",
-            {"kinds": None, "reason": None, "older_than_seconds": None, "ids": None, "limit": 50},
-        ),
-    ],
-)
-def test_deleting_rows_deletes_their_history_by_its_key(
-    seeded: psycopg.Connection[Any], name: str, params: dict[str, Any]
+def test_purging_dead_letters_finds_their_message_history_and_receipts_by_key(
+    seeded: psycopg.Connection[Any],
 ) -> None:
-    found = scans(seeded, name, params)
-    assert "Seq Scan on history" not in found, found
-    assert any("history_pkey" in s for s in found), found
+    params = {"kinds": None, "reason": None, "older_than_seconds": None, "ids": None, "limit": 50}
+    found = plan(seeded, "purge_dead_letters", params)
+    assert not full_scans(seeded, found) - {"Seq Scan on queue"}, reads(found)
+    used = indexes(seeded, found)
+    assert {"outbox_pkey", "history_outbox_idx", "receipts_outbox_idx"} <= used, used

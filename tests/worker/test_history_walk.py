@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from leasebox.states import DeadReason
 from leasebox.store import claiming, settling, sweeps
@@ -309,8 +310,13 @@ async def test_a_lost_lease_on_a_row_deleted_meanwhile_leaves_no_orphan_history(
     [message] = await claiming.claim(
         db_aconn, kinds=["otp"], limit=1, lease_seconds=LEASE, worker_id=A, now=db_now
     )
-    db_conn.execute("DELETE FROM leasebox.outbox WHERE id = %s", (outbox_id,))
-    db_conn.execute("DELETE FROM leasebox.history WHERE outbox_id = %s", (outbox_id,))
+    for table, key in (("queue", "id"), ("outbox", "id"), ("history", "outbox_id")):
+        db_conn.execute(
+            sql.SQL("DELETE FROM leasebox.{} WHERE {} = %s").format(
+                sql.Identifier(table), sql.Identifier(key)
+            ),
+            (outbox_id,),
+        )
     db_conn.commit()
     assert await settling.mark_sent(db_aconn, [Sent(message.lease, "p")], worker_id=A) == {}
     assert histories(db_conn) == {}

@@ -19,6 +19,7 @@ from leasebox.store.dead_letters import (
     requeue_dead_letters,
 )
 from leasebox.store.pruning import prune
+from support.outbox_rows import insert_receipt
 from support.worker_doubles import Insert, row_of, statuses
 
 
@@ -118,26 +119,31 @@ def test_purge_deletes_in_batches_up_to_its_limit(
     assert statuses(db_conn) == {}
 
 
-def test_prune_deletes_old_sent_rows_and_expired_receipts_only(
+def test_prune_drops_old_days_and_keeps_what_is_still_wanted(
     db_conn: psycopg.Connection, db_insert: Insert, db_now: datetime
 ) -> None:
-    old = [db_insert(status="sent", sent_at=db_now - timedelta(days=8)) for _ in range(5)]
-    recent = db_insert(status="sent", sent_at=db_now - timedelta(days=1))
-    dead = _dead(db_insert, db_now, "rejected", age_hours=24 * 30)
+    days = timedelta(days=1)
+    old = [db_insert(status="sent", sent_at=db_now - 8 * days) for _ in range(5)]
+    recent = db_insert(status="sent", sent_at=db_now - days)
+    dead = _dead(db_insert, db_now, "rejected", created_at=db_now - 30 * days)
+    waiting = db_insert(created_at=db_now - 9 * days, available_at=db_now + days)
+    named = db_insert(status="sent", sent_at=db_now - 9 * days)
+    insert_receipt(db_conn, named, "late", expires_at=db_now + days)
     for key, expired_days_ago in (("a", 10), ("b", 1)):
-        db_conn.execute(
-            "INSERT INTO leasebox.receipts (scope, idempotency_key, request_hash, outbox_id,"
-            " expires_at) VALUES ('s', %s, 'h', %s, now() - make_interval(days => %s))",
-            (key, recent, expired_days_ago),
-        )
+        insert_receipt(db_conn, recent, key, expires_at=db_now - expired_days_ago * days)
     db_conn.commit()
-    result = prune(db_conn, retention_seconds=7 * 86400, batch_size=2)
-    assert (result.sent, result.receipts) == (5, 1)
-    remaining = {r[0] for r in db_conn.execute("SELECT id FROM leasebox.outbox").fetchall()}
-    assert remaining == {recent, dead}
-    assert not set(old) & remaining
-    keys = db_conn.execute("SELECT idempotency_key FROM leasebox.receipts").fetchall()
-    assert keys == [("b",)]
+
+    result = prune(db_conn, retention_seconds=7 * 86400)
+
+    assert (result.sent, result.receipts, result.kept) == (5, 1, 3)
+    assert result.partitions  # whole days, not rows
+    remaining = {r[0]: r[1] for r in db_conn.execute("SELECT id, status FROM leasebox.messages")}
+    assert remaining == {recent: "sent", dead: "dead", waiting: "pending", named: "sent"}
+    assert not set(old) & set(remaining)
+    keys = db_conn.execute("SELECT idempotency_key FROM leasebox.receipts ORDER BY 1").fetchall()
+    assert keys == [("b",), ("late",)]
+    again = prune(db_conn, retention_seconds=7 * 86400)
+    assert (again.sent, again.receipts, again.kept, again.partitions) == (0, 0, 0, ())
 
 
 def test_the_dead_letter_commands_list_requeue_and_purge(
@@ -172,8 +178,10 @@ def test_the_dead_letter_commands_list_requeue_and_purge(
 def test_the_prune_command_reports_what_it_deleted(
     db_dsn: str, db_insert: Insert, db_now: datetime, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db_insert(status="sent", sent_at=db_now - timedelta(days=2))
+    db_insert(status="sent", sent_at=db_now - timedelta(days=3))
     assert main(["prune", "--dsn", db_dsn, "--retention", "1d", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"sent": 1, "receipts": 0}
+    reported = json.loads(capsys.readouterr().out)
+    assert (reported["sent"], reported["receipts"], reported["kept"]) == (1, 0, 0)
+    assert [p.split("_")[0] for p in reported["partitions"]] == ["history", "outbox"]
     assert main(["prune", "--dsn", db_dsn, "--retention", "forever"]) == 2
     assert "invalid duration 'forever'" in capsys.readouterr().err

@@ -34,6 +34,7 @@ from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.runtime.worker import Worker
 from leasebox.testing.ports import free_port
+from support.outbox_rows import insert_message
 from support.waiting import wait_for
 from support.worker_doubles import Insert, ScriptedProvider, row_of, statuses
 
@@ -99,16 +100,15 @@ def test_no_code_secret_password_or_recipient_reaches_logs_metrics_or_stored_err
     codes = [f"C{secrets.token_hex(5)}" for _ in range(12)]
     recipients = [REJECTED, FLAKY, *(f"user{i}@example.com" for i in range(10))]
     for i, (code, recipient) in enumerate(zip(codes, recipients, strict=True)):
-        db_conn.execute(
-            "INSERT INTO leasebox.outbox (kind, aggregate_id, recipient, template, data, secrets,"
-            " delivery_key) VALUES ('otp', %s, %s, 'otp', %s, %s, %s)",
-            (
-                f"user-{i}",
-                recipient,
-                Jsonb({"name": SECRET_NAME, "minutes_valid": 5}),
-                cipher.seal({"code": code}),
-                f"otp:leak-test-{i}",
-            ),
+        insert_message(
+            db_conn,
+            kind="otp",
+            aggregate_id=f"user-{i}",
+            recipient=recipient,
+            template="otp",
+            data=Jsonb({"name": SECRET_NAME, "minutes_valid": 5}),
+            secrets=cipher.seal({"code": code}),
+            delivery_key=f"otp:leak-test-{i}",
         )
     db_conn.commit()
     metrics_port = free_port()
@@ -162,7 +162,7 @@ def test_no_code_secret_password_or_recipient_reaches_logs_metrics_or_stored_err
     leaked = [value for value in sensitive if value.lower() in everything.lower()]
     assert leaked == []
     stored_errors = db_conn.execute(
-        "SELECT string_agg(coalesce(last_error, ''), ' ') FROM leasebox.outbox"
+        "SELECT string_agg(coalesce(last_error, ''), ' ') FROM leasebox.messages"
     ).fetchone()
     assert stored_errors is not None
     assert not [value for value in sensitive if value in (stored_errors[0] or "")]

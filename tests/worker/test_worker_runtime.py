@@ -14,8 +14,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from leasebox.db.partitions import Partition, day_partition_name, list_partitions
 from leasebox.errors import ConfigurationError
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.store import claiming
@@ -107,6 +109,67 @@ async def test_a_missing_template_dead_letters_as_an_invalid_message_without_a_s
     assert fake_provider.started_sends == 0
 
 
+async def test_a_message_whose_outbox_row_is_gone_dead_letters_as_invalid_without_a_send(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+    db_conn: psycopg.Connection,
+) -> None:
+    gone, kept = db_insert(), db_insert()
+    db_conn.execute("DELETE FROM leasebox.outbox WHERE id = %s", (gone,))  # by hand
+    db_conn.commit()
+    await make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True)).run()
+    row = db_conn.execute(
+        "SELECT status, dead_reason, last_error_class FROM leasebox.queue WHERE id = %s", (gone,)
+    ).fetchone()
+    assert row == ("dead", "invalid_message", "missing_message")
+    assert [email.outbox_id for email in fake_provider.sent] == [kept]
+
+
+async def test_a_provider_that_reads_no_content_gets_its_messages_without_any(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+    db_conn: psycopg.Connection,
+) -> None:
+    outbox_id = db_insert(code="918273", aggregate_id="user-7")
+    fake_provider.reads_content = False
+    await make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True)).run()
+    [email] = fake_provider.sent
+    assert (email.outbox_id, email.aggregate_id, email.attempt) == (outbox_id, "user-7", 1)
+    assert email.delivery_key == row_of(db_conn, outbox_id)["delivery_key"]
+    assert (email.recipient, email.subject, email.text, email.html) == ("", "", "", None)
+
+
+async def test_a_running_worker_creates_the_partitions_of_the_coming_days(
+    db_dsn: str,
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_conn: psycopg.Connection,
+) -> None:
+    last = max(p.start for p in list_partitions(db_conn, "history") if p.start is not None)
+    db_conn.execute(
+        sql.SQL("DROP TABLE {}").format(
+            sql.Identifier("leasebox", day_partition_name("history", last))
+        )
+    )
+    db_conn.commit()
+    worker = make_worker(db_pool, fake_provider, fake_clock, dsn=db_dsn)
+    async with running(worker):
+        await eventually(
+            lambda: any(p.start == last for p in _partitions(db_conn, "history")), within=30
+        )
+
+
+def _partitions(conn: psycopg.Connection, table: str) -> list[Partition]:
+    found = list_partitions(conn, table)
+    conn.rollback()
+    return found
+
+
 async def test_stopping_releases_queued_rows_at_once_and_lets_sends_in_flight_finish(
     db_pool: AsyncConnectionPool,
     fake_provider: ScriptedProvider,
@@ -130,7 +193,7 @@ async def test_stopping_releases_queued_rows_at_once_and_lets_sends_in_flight_fi
         await task
     assert statuses(db_conn) == {"pending": 8, "sent": 2}
     attempts = db_conn.execute(
-        "SELECT DISTINCT attempts FROM leasebox.outbox WHERE status = 'pending'"
+        "SELECT DISTINCT attempts FROM leasebox.queue WHERE status = 'pending'"
     ).fetchall()
     assert attempts == [(0,)]
 

@@ -2,15 +2,16 @@
 
 Dead letters are listed with ids, kinds, reasons and errors only (never a recipient or a
 variable), requeued with a fresh attempt budget, or purged after an explicit `--yes`.
-`prune` deletes sent rows and expired receipts past a retention, in bounded batches, never a
-row a live receipt references, and refuses a retention shorter than the receipt TTL unless
-told otherwise.
+`prune` drops the days of sent messages, history and expired receipts past a retention (a
+day partition at a time), keeping the unsent and dead messages of those days and those a live
+receipt names, and refuses a retention shorter than the receipt TTL unless told otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from leasebox.cli.common import add_database_options, kinds_list, positive_int
@@ -61,15 +62,15 @@ def register(subparsers: Any) -> None:
 
     prune = subparsers.add_parser(
         "prune",
-        help="delete sent rows and expired receipts older than a retention",
-        description="Delete sent outbox rows and expired receipts past the retention, in "
-        "batches of --batch-size rows, each its own short transaction.",
+        help="drop the days of sent messages and expired receipts older than a retention",
+        description="Drop each day of sent messages, their history and expired receipts once "
+        "the whole day is older than the retention (a day partition at a time, in one short "
+        "transaction). Messages of those days not sent yet, dead letters, and messages a "
+        "live receipt names are moved to today first. Also creates the partitions of the "
+        "coming days, and of past days whose rows wait in a default partition.",
     )
     add_database_options(prune)
     prune.add_argument("--retention", default="7d", help="keep this much history (default: 7d)")
-    prune.add_argument(
-        "--batch-size", type=positive_int, default=5000, help="rows per batch (default: 5000)"
-    )
     prune.add_argument(
         "--receipt-ttl",
         default="1d",
@@ -83,6 +84,8 @@ def register(subparsers: Any) -> None:
         help="prune with a retention shorter than the receipt TTL (a request retried after "
         "its row is gone sends again)",
     )
+    # Retention drops whole days now; the flag of the row-by-row deletes is accepted, unused.
+    prune.add_argument("--batch-size", type=positive_int, help=argparse.SUPPRESS)
     prune.add_argument("--json", action="store_true", help="print JSON")
     prune.set_defaults(func=run_prune)
 
@@ -191,19 +194,36 @@ def run_prune(args: argparse.Namespace) -> int:
 
     retention = parse_duration(args.retention)
     receipt_ttl = parse_duration(args.receipt_ttl)
+    if args.batch_size is not None:
+        print(
+            "leasebox prune: --batch-size is no longer used: retention drops whole days",
+            file=sys.stderr,
+        )
     with _connect(args) as conn:
         result = prune(
             conn,
             retention_seconds=retention,
-            batch_size=args.batch_size,
             schema=args.schema,
             receipt_ttl_seconds=receipt_ttl,
             allow_short_retention=args.allow_short_retention,
         )
     if args.json:
-        print(json.dumps({"sent": result.sent, "receipts": result.receipts}))
+        print(
+            json.dumps(
+                {
+                    "sent": result.sent,
+                    "receipts": result.receipts,
+                    "kept": result.kept,
+                    "partitions": list(result.partitions),
+                }
+            )
+        )
     else:
-        print(f"pruned {result.sent} sent messages and {result.receipts} expired receipts")
+        print(
+            f"pruned {result.sent} sent messages and {result.receipts} expired receipts "
+            f"({len(result.partitions)} day partitions dropped); kept {result.kept} messages "
+            "of those days that are not sent, dead, or named by a live receipt"
+        )
     return 0
 
 

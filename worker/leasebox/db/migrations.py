@@ -2,7 +2,8 @@
 
 Every worker and operator pod may run `leasebox migrate` on start. A session-level advisory
 lock serialises them; each migration runs in its own transaction and is recorded, so a
-second run (or a run that lost the race) applies nothing.
+second run (or a run that lost the race) applies nothing. Migrating ends with the partition
+maintenance (`leasebox.db.partitions`), so a migrated schema has its days ready.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from importlib import resources
 
 import psycopg
 
+from leasebox.db.partitions import ensure_partitions
 from leasebox.db.queries import compose, read_sql_file, validate_schema_name
 
 _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -105,12 +107,15 @@ def _migrate(conn: psycopg.Connection, schema: str) -> list[Migration]:
                     (migration.version, migration.name),
                 )
             applied.append(migration)
+        ensure_partitions(conn, schema)
         return applied
     finally:
         conn.execute(_UNLOCK_SQL, (schema,))
 
 
 def apply_canonical_schema(conn: psycopg.Connection, schema: str = "leasebox") -> None:
-    """Create the schema straight from `schema.sql` (tests compare it with the migrations)."""
+    """Create the schema straight from `schema.sql`, with its partitions (tests compare it
+    with the migrations); `conn` must be in autocommit mode."""
     with conn.transaction():
         conn.execute(compose(read_sql_file("schema.sql"), schema))
+    ensure_partitions(conn, schema)

@@ -50,7 +50,9 @@ class Failure:
         return DeadReason.REJECTED
 
 
-_INVALID_MESSAGE_CODES = frozenset({"template"})
+# A message whose outbox row is gone (removed by hand) has nothing to send, ever.
+MISSING_MESSAGE_CODE = "missing_message"
+_INVALID_MESSAGE_CODES = frozenset({"template", MISSING_MESSAGE_CODE})
 EXPIRED_CODE = "expired"
 # A code becomes a metric label and a column: short, lower-case, from a small alphabet.
 MAX_CODE_LENGTH = 40

@@ -114,6 +114,7 @@ def _prepare(
         columns["data"].append(Jsonb(message.data))
         columns["secrets"].append(cipher.seal(message.secrets) if message.secrets else None)
         columns["delivery_keys"].append(explicit or f"{message.kind}:{uuid.uuid4().hex}")
+        columns["explicit_keys"].append(explicit is not None)
         columns["max_attempts"].append(message.max_attempts)
         columns["available_at"].append(message.available_at)
         columns["expires_at"].append(message.expires_at)
@@ -155,6 +156,7 @@ _COLUMNS = (
     "data",
     "secrets",
     "delivery_keys",
+    "explicit_keys",
     "max_attempts",
     "available_at",
     "expires_at",

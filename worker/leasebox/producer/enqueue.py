@@ -71,7 +71,7 @@ def _plan(
                 )
             )
             locks = []
-            if found is not None and not found["expired"]:
+            if found is not None:
                 return _reused(found, fingerprint, scope_name, idempotency_key)
         if explicit_key is not None:
             row = yield Step(
@@ -107,6 +107,7 @@ def _plan(
         "data": Jsonb(message.data),
         "secrets": cipher.seal(message.secrets) if message.secrets else None,
         "delivery_key": delivery_key,
+        "explicit_key": explicit_key is not None,
         "max_attempts": message.max_attempts,
         "available_at": message.available_at,
         "expires_at": message.expires_at,

@@ -102,7 +102,7 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
             pool,
             provider,
             renderer,
-            dsn=config.dsn if settings.listen else None,
+            dsn=config.dsn,
             cipher=cipher,
             metrics=metrics,
         )

@@ -1,9 +1,12 @@
-"""The worker's chores for everyone: sweeps, and waking up when rows arrive.
+"""The worker's chores for everyone: sweeps, partitions, and waking up when rows arrive.
 
 A worker's sends are only half its job. Leases other workers left behind when they died
 must be reclaimed (or their rows would wait forever); OTPs that outlived their TTL must be
-dead-lettered (never sent late); and an idle worker should wake when rows arrive rather
-than at its next poll. Each sweep is one cheap, batched statement (`leasebox.store.sweeps`).
+dead-lettered (never sent late); the coming days need their partitions before their rows
+arrive; and an idle worker should wake when rows arrive rather than at its next poll. Each
+sweep is one cheap, batched statement (`leasebox.store.sweeps`); the partition maintenance
+(`leasebox.db.partitions`) runs hourly on a short-lived connection of its own, in a thread,
+since it is DDL that may wait briefly for a lock.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from datetime import datetime
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from leasebox.db.connections import STATEMENT_TIMEOUT
+from leasebox.db.connections import STATEMENT_TIMEOUT, connect
+from leasebox.db.partitions import ensure_partitions
 from leasebox.db.queries import query
+from leasebox.errors import LeaseboxError
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason, Status
@@ -27,6 +32,9 @@ log = logging.getLogger("leasebox.worker")
 
 SWEEP_LIMIT = 500
 _LISTEN_RETRY_MAX = 5.0
+# How often the partitions of the coming days are checked, and retried after a failure.
+PARTITION_INTERVAL = 3600.0
+PARTITION_RETRY = 300.0
 
 
 async def sweep(
@@ -96,3 +104,31 @@ async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
                     extra={"error_class": type(exc).__name__},
                 )
             await asyncio.sleep(min(_LISTEN_RETRY_MAX, 0.5 * failures))
+
+
+def _ensure_partitions(dsn: str, schema: str) -> int:
+    with connect(dsn, autocommit=True) as conn:
+        return len(ensure_partitions(conn, schema))
+
+
+async def keep_partitions(dsn: str, schema: str) -> None:
+    """Create the partitions of the coming days, hourly, forever; failures are logged."""
+    failures = 0
+    while True:
+        try:
+            created = await asyncio.to_thread(_ensure_partitions, dsn, schema)
+        except (psycopg.Error, OSError, LeaseboxError) as exc:
+            failures += 1
+            if failures == 1 or failures % 12 == 0:
+                log.warning(
+                    "could not create the partitions of the coming days (%s); rows of a day "
+                    "without one wait in the default partition until it exists",
+                    type(exc).__name__,
+                    extra={"error_class": type(exc).__name__},
+                )
+            await asyncio.sleep(PARTITION_RETRY)
+            continue
+        if created:
+            log.info("created %d partitions for the coming days", created)
+        failures = 0
+        await asyncio.sleep(PARTITION_INTERVAL)

@@ -36,11 +36,13 @@ from leasebox.delivery.providers.base import Email, Provider, idempotency, reads
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
     EXPIRED_CODE,
+    MISSING_MESSAGE_CODE,
     Failure,
     classify,
     retry_delay,
     should_retry,
 )
+from leasebox.errors import PERMANENT
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
@@ -58,6 +60,9 @@ log = logging.getLogger("leasebox.worker")
 _DB_RETRY_MAX = 5.0
 # What a provider that reads no content (`null://`) gets for every message.
 _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
+_MISSING_MESSAGE = Failure(
+    PERMANENT, MISSING_MESSAGE_CODE, "its message is missing from the outbox: nothing to send"
+)
 
 
 class Renderer(Protocol):
@@ -195,6 +200,8 @@ class Worker:
             self._spawn(self._lease_keeper(), "lease keeper"),
             self._spawn(self._sweeper(), "sweeper"),
         ]
+        if self._dsn:
+            helpers.append(self._spawn(upkeep.keep_partitions(self._dsn, s.schema), "partitions"))
         if s.listen and self._dsn:
             helpers.append(self._spawn(self._listener(self._dsn), "listener"))
         try:
@@ -325,6 +332,7 @@ class Worker:
                 worker_id=s.worker_id,
                 schema=s.schema,
                 now=self._clock(),
+                content=self._reads_content,
             )
         self.rounds["claim"] += 1
         deadline = started + s.lease_seconds
@@ -387,6 +395,9 @@ class Worker:
                 Dead(held.lease, DeadReason.EXPIRED, "expired before it could be sent", "expired"),
             )
             return
+        if self._reads_content and message.recipient is None:
+            self._failed(held, _MISSING_MESSAGE)
+            return
         try:
             email = self._prepare(held)
         except Exception as exc:
@@ -426,7 +437,7 @@ class Worker:
         message = held.message
         if self._reads_content:
             secrets = self._cipher.open(message.secrets) if message.secrets else {}
-            rendered = self._renderer.render(message.template, message.data, secrets)
+            rendered = self._renderer.render(message.template or "", message.data or {}, secrets)
         else:
             rendered = _NO_CONTENT
         return Email(
@@ -434,7 +445,7 @@ class Worker:
             kind=message.kind,
             aggregate_id=message.aggregate_id,
             delivery_key=message.delivery_key,
-            recipient=message.recipient,
+            recipient=message.recipient or "",
             subject=rendered.subject,
             text=rendered.text,
             html=rendered.html,

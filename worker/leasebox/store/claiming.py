@@ -1,12 +1,14 @@
 """Claiming rows under a lease, and keeping the lease while a send runs.
 
 A claim is one statement on an autocommit connection: it picks ready rows of the worker's
-kinds (`FOR UPDATE SKIP LOCKED`, oldest availability first), marks them `processing` with
-a fresh lease token and counts the attempt, and commits before the caller sends anything,
-so no lock outlives the statement. The token is what every later statement about the row
-must match (`settling`), so a worker that lost its lease can no longer touch the row. The
-statement also writes each claim to the attempt history (`claimed`: the attempt, the token,
-the worker, when the lease runs out), at no extra round trip.
+kinds from the queue (`FOR UPDATE SKIP LOCKED`, oldest availability first), marks them
+`processing` with a fresh lease token and counts the attempt, and commits before the caller
+sends anything, so no lock outlives the statement. The token is what every later statement
+about the row must match (`settling`), so a worker that lost its lease can no longer touch
+the row. The statement also writes each claim to the attempt history (`claimed`: the
+attempt, the token, the worker, when the lease runs out), at no extra round trip, and reads
+each message's content from the outbox, unless the caller's provider reads none
+(`content=False`: recipient, template, data and secrets then come back empty).
 
 `now` is None in production (the database's clock, shared by all workers); tests pass a
 datetime to move time without sleeping.
@@ -28,18 +30,20 @@ Connection = psycopg.AsyncConnection[Any]
 
 
 class ClaimedMessage(NamedTuple):
-    """One outbox row as claimed: what to send, and the lease that allows settling it.
+    """One message as claimed: what to send, and the lease that allows settling it.
 
     A named tuple, built straight from the claim's row (a worker makes one per message, so
     its construction is on the hot path); its repr leaves out the recipient and the content.
+    The content (recipient, template, data) is None when the claim did not read it, and
+    when the message's outbox row is missing.
     """
 
     id: int
     kind: str
     aggregate_id: str | None
-    recipient: str
-    template: str
-    data: Mapping[str, Any]
+    recipient: str | None
+    template: str | None
+    data: Mapping[str, Any] | None
     secrets: bytes | None
     delivery_key: str
     attempts: int
@@ -98,8 +102,10 @@ async def claim(
     worker_id: str,
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
+    content: bool = True,
 ) -> list[ClaimedMessage]:
-    """Lease up to `limit` ready rows of `kinds`, oldest availability first."""
+    """Lease up to `limit` ready rows of `kinds`, oldest availability first, with their
+    content unless `content` is False."""
     if limit <= 0:
         return []
     params = {
@@ -110,7 +116,7 @@ async def claim(
         "now": now,
     }
     async with conn.cursor(row_factory=_claimed_rows) as cur:
-        await cur.execute(query("claim", schema), params)
+        await cur.execute(query("claim" if content else "claim_without_content", schema), params)
         return await cur.fetchall()
 
 

@@ -1,23 +1,41 @@
-"""Pruning history: sent rows and expired receipts older than a retention, in batches.
+"""Retention: dropping the days of messages, history and receipts older than a retention.
 
-Sent rows and expired receipts are history that the queue tables should not carry forever.
-Each batch is its own short transaction, so pruning runs beside busy workers.
+What is kept after sending is partitioned by day (`leasebox.db.partitions`), so retention
+drops a whole day at once: a catalog change that takes milliseconds, where deleting a day
+of a busy outbox row by row (a million messages, two million history rows, their receipts
+and every index entry) took seconds and left the tables to vacuum. A day's partition is
+dropped once all of it is older than the retention: messages and history by the day the
+message was created, receipts by the day they expire (a receipt goes a retention after it
+expired).
 
-History is also what makes a retried request the same send: a live receipt, or a row with an
-explicit delivery key. So a sent row that a live receipt references is never pruned (and a
-row that goes takes its receipts with it, by the foreign key, and its attempt history, by
-the same statement), and a retention shorter than the producers' receipt TTL is refused
-unless the caller says it knows: a request retried after its row was pruned is a new
-request, and sends again.
+Some messages of an old day are still wanted: those not sent yet or dead (still in the
+queue), and those a live receipt names (a retried request must still map onto its send).
+They are moved to today's partition first, with their history, in the same transaction as
+the drop, which holds the partitions it drops (so no request can name one of their messages
+meanwhile). Rows of days that never had a partition wait in a default partition: the
+partition maintenance that runs first gives each such day its partition, so they go too.
+
+A retention shorter than the producers' receipt TTL is refused unless the caller says it
+knows: a request retried after its message was dropped is a new request, and sends again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
+from leasebox.db.partitions import (
+    PARTITIONED_TABLES,
+    Partition,
+    drop_partitions,
+    ensure_partitions,
+    list_partitions,
+    serialise_maintenance,
+)
 from leasebox.db.queries import DEFAULT_SCHEMA, query
 from leasebox.errors import ConfigurationError
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
@@ -25,25 +43,28 @@ from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
 
 @dataclass(frozen=True)
 class PruneResult:
-    """How many sent rows and receipts one `prune` deleted."""
+    """What one `prune` removed: sent messages and receipts, and the partitions dropped;
+    `kept` counts the messages of those days moved forward because they are still wanted."""
 
     sent: int
     receipts: int
+    partitions: tuple[str, ...] = ()
+    kept: int = 0
 
 
 def prune(
     conn: psycopg.Connection[Any],
     *,
     retention_seconds: float,
-    batch_size: int = 5000,
     schema: str = DEFAULT_SCHEMA,
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     allow_short_retention: bool = False,
 ) -> PruneResult:
-    """Delete sent rows and expired receipts older than the retention, batch by batch.
+    """Drop the days of messages, history and receipts older than the retention.
 
     `receipt_ttl_seconds` is the longest receipt TTL the producers use; a shorter retention
-    is a `ConfigurationError` unless `allow_short_retention`.
+    is a `ConfigurationError` unless `allow_short_retention`. Commits as it goes (a
+    transaction the caller left open is committed first).
     """
     if retention_seconds < 0:
         raise ConfigurationError("the retention must not be negative")
@@ -54,20 +75,78 @@ def prune(
             "would be sent again; give the producers' TTL (--receipt-ttl) or allow it "
             "(--allow-short-retention)"
         )
-    if batch_size < 1:
-        raise ConfigurationError("the batch size must be at least 1")
-    params = {"retention_seconds": retention_seconds, "limit": batch_size}
-    totals = []
-    for name in ("prune_sent", "prune_receipts"):
-        total = 0
-        while True:
-            count = conn.execute(query(name, schema), params).rowcount
-            conn.commit()
-            total += max(count, 0)
-            if count < batch_size:
-                break
-        totals.append(total)
-    return PruneResult(sent=totals[0], receipts=totals[1])
+    if not conn.autocommit:
+        conn.commit()
+    ensure_partitions(conn, schema)
+    today, cutoff = _days(conn, retention_seconds)
+    with conn.transaction():
+        serialise_maintenance(conn, schema)
+        old = {
+            table: [p for p in list_partitions(conn, table, schema) if _before(p, cutoff)]
+            for table in PARTITIONED_TABLES
+        }
+        dropped = [p for partitions in old.values() for p in partitions]
+        _hold(conn, dropped, schema)
+        kept = _keep_wanted(conn, schema, today, cutoff, short=cutoff >= today)
+        sent = _rows(conn, old["outbox"], schema)
+        receipts = _rows(conn, old["receipts"], schema)
+        drop_partitions(conn, dropped, schema)
+    return PruneResult(sent, receipts, tuple(sorted(p.name for p in dropped)), kept)
+
+
+def _days(conn: psycopg.Connection[Any], retention_seconds: float) -> tuple[date, date]:
+    """Today, and the first day retention keeps (the UTC day of now - retention)."""
+    row = conn.execute(
+        "SELECT (now() AT TIME ZONE 'UTC')::date,"
+        " ((now() - make_interval(secs => %s)) AT TIME ZONE 'UTC')::date",
+        (retention_seconds,),
+    ).fetchone()
+    if not conn.autocommit:
+        conn.commit()
+    assert row is not None  # a SELECT of expressions returns one row
+    today: date = row[0]
+    cutoff: date = row[1]
+    return today, cutoff
+
+
+def _before(partition: Partition, cutoff: date) -> bool:
+    """Whether every day of `partition` is before `cutoff` (the default one never is)."""
+    return not partition.default and partition.end is not None and partition.end <= cutoff
+
+
+def _hold(conn: psycopg.Connection[Any], partitions: list[Partition], schema: str) -> None:
+    """Lock the partitions about to go, so that nothing reads or writes them meanwhile."""
+    if partitions:
+        names = sql.SQL(", ").join(sql.Identifier(schema, p.name) for p in partitions)
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(names))
+
+
+def _keep_wanted(
+    conn: psycopg.Connection[Any], schema: str, today: date, cutoff: date, *, short: bool
+) -> int:
+    """Move the still wanted messages of the days before `cutoff` to today; how many.
+
+    With a retention under a day (`short`), any live receipt may name such a message, not
+    only a late one, so every live receipt is read.
+    """
+    name = "kept_messages_short_retention" if short else "kept_messages"
+    ids = [int(row[0]) for row in conn.execute(query(name, schema), {"before": cutoff})]
+    if not ids:
+        return 0
+    params = {"ids": ids, "day": today, "before": cutoff}
+    row = conn.execute(query("keep_messages", schema), params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _rows(conn: psycopg.Connection[Any], partitions: list[Partition], schema: str) -> int:
+    total = 0
+    for partition in partitions:
+        statement = sql.SQL("SELECT count(*) FROM {}").format(
+            sql.Identifier(schema, partition.name)
+        )
+        row = conn.execute(statement).fetchone()
+        total += int(row[0]) if row else 0
+    return total
 
 
 def _duration(seconds: float) -> str:

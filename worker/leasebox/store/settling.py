@@ -1,9 +1,10 @@
 """Settling claimed rows while the lease holds: sent, retry later, dead, or released unsent.
 
-Each statement takes many rows at once (the runtime batches outcomes) and matches each row
-on its lease token and `status = 'processing'`. It returns the ids that matched; an id
+Each statement takes many rows at once (the runtime batches outcomes) and matches each queue
+row on its lease token and `status = 'processing'`. It returns the ids that matched; an id
 missing from the answer is a lease the caller no longer owns (it stalled past the lease and
-another worker reclaimed the row), which the caller counts as lost and never retries.
+another worker reclaimed the row), which the caller counts as lost and never retries. A
+sent message leaves the queue: its `sent` history row is the record of the send.
 
 The same statement writes the attempt history: one row per settled row (`sent`, `retry` or
 `ambiguous`, `dead`, `released`), and a `lease_lost` row, in the name of `worker_id`, for
@@ -85,7 +86,7 @@ async def mark_sent(
     async with conn.cursor() as cur:
         await cur.execute(query("mark_sent", schema), params)
         rows = await cur.fetchall()
-    return {int(outbox_id): latency.total_seconds() for outbox_id, latency in rows}
+    return dict(rows)
 
 
 async def schedule_retry(

@@ -3,32 +3,46 @@
 -- `{schema}` is the configured schema, quoted as an identifier; `%(x)s` are bound parameters.
 -- `coalesce(%(now)s::timestamptz, now())` lets tests inject the clock; production passes NULL
 -- so that every worker shares the database's clock.
+-- A message is its `outbox` row (what to send) and, until it is sent, its `queue` row (where
+-- it is); `bucket` is the day partition of a message and of its history (schema.sql).
+
+-- fragment: live_receipt
+-- The live receipt of (scope, idempotency_key), with its message's delivery key. A live
+-- receipt expires after now, so it lives in today's partition or a later one.
+SELECT r.request_hash, r.outbox_id, r.bucket, o.delivery_key
+FROM {schema}.receipts AS r
+JOIN {schema}.outbox AS o ON o.id = r.outbox_id
+WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+  AND r.bucket >= (now() AT TIME ZONE 'UTC')::date AND r.expires_at > now()
+LIMIT 1
+
+-- fragment: receipt_reused
+-- Count a reuse of the receipt `found` names and move its last sighting, when the request is
+-- the same (a request that conflicts with it changes nothing).
+UPDATE {schema}.receipts AS r
+SET reuse_count = r.reuse_count + 1, last_seen_at = now()
+FROM found
+WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+  AND r.bucket = found.bucket AND found.request_hash = %(request_hash)s
 
 -- name: find_receipt
--- The receipt of (scope, idempotency_key), whether it expired, and its row's delivery key.
--- A live receipt of the same request is being reused: it is counted and its last sighting
--- moved, in the same statement (a request that conflicts with it changes nothing).
+-- The live receipt of (scope, idempotency_key) and its message's delivery key, if any.
+-- A live receipt of the same request is being reused: it is counted in the same statement.
 WITH found AS (
-    SELECT r.request_hash, r.outbox_id, r.expires_at <= now() AS expired, o.delivery_key
-    FROM {schema}.receipts AS r
-    JOIN {schema}.outbox AS o ON o.id = r.outbox_id
-    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+    -- include: live_receipt
 ),
 touched AS (
-    UPDATE {schema}.receipts AS r
-    SET reuse_count = r.reuse_count + 1, last_seen_at = now()
-    FROM found
-    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
-      AND NOT found.expired AND found.request_hash = %(request_hash)s
+    -- include: receipt_reused
 )
-SELECT request_hash, outbox_id, expired, delivery_key FROM found;
+SELECT request_hash, outbox_id, delivery_key FROM found;
 
 -- name: find_delivery_key
--- The row holding a delivery key, and whether it sends the same message as the caller's.
+-- The message holding a delivery key, and whether it sends the same message as the caller's.
 SELECT o.id AS outbox_id, o.delivery_key,
        (o.message_hash IS NULL OR o.message_hash = %(message_hash)s) AS same
 FROM {schema}.outbox AS o
-WHERE o.delivery_key = %(delivery_key)s;
+WHERE o.delivery_key = %(delivery_key)s
+LIMIT 1;
 
 -- name: lock_key
 -- Serialise callers on one key until the end of the transaction.
@@ -39,77 +53,90 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
 FROM {schema}.outbox
 WHERE recipient_key = %(recipient_key)s
-  AND created_at > now() - make_interval(secs => %(window_seconds)s);
+  AND created_at > now() - make_interval(secs => %(window_seconds)s)
+  AND bucket >= ((now() - make_interval(secs => %(window_seconds)s)) AT TIME ZONE 'UTC')::date;
 
 -- name: count_scope_window
 -- Logical sends (rows, with or without an idempotency key) in one scope inside the window.
 SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
 FROM {schema}.outbox
 WHERE scope = %(scope)s
-  AND created_at > now() - make_interval(secs => %(window_seconds)s);
+  AND created_at > now() - make_interval(secs => %(window_seconds)s)
+  AND bucket >= ((now() - make_interval(secs => %(window_seconds)s)) AT TIME ZONE 'UTC')::date;
 
 -- fragment: expired_receipt_replaced
--- A receipt written over one of the same key replaces it only once it has expired, and starts
--- its bookkeeping again; a live one is left as it is (the writer's request maps onto it).
-ON CONFLICT (scope, idempotency_key) DO UPDATE
+-- A receipt written over one of the same key replaces it only once it has expired or names a
+-- message that is gone (deleted by hand: its requests make a new send, as if it had never
+-- been), and starts its bookkeeping again; a live one is left as it is (the writer's request
+-- maps onto it).
+ON CONFLICT (scope, idempotency_key, bucket) DO UPDATE
 SET request_hash = excluded.request_hash,
     outbox_id = excluded.outbox_id,
+    outbox_bucket = excluded.outbox_bucket,
     created_at = excluded.created_at,
     expires_at = excluded.expires_at,
     last_seen_at = excluded.last_seen_at,
     reuse_count = 0
 WHERE {schema}.receipts.expires_at <= now()
+   OR NOT EXISTS (SELECT FROM {schema}.outbox AS gone
+                  WHERE gone.id = {schema}.receipts.outbox_id)
 
 -- name: enqueue
--- Write one logical send: reuse a live receipt, else insert the row and its receipt.
--- One statement per logical send: reuse a live receipt, else insert the row (a row with the
--- same delivery key and the same message is the same send; with another message it is a
--- conflict, and no receipt is written) and record the receipt. `source` says which happened.
--- Callers with an explicit delivery key hold its advisory lock, so a row this statement's
--- ON CONFLICT waited for was committed before the statement's snapshot was taken.
+-- Write one logical send: reuse a live receipt, else the message and its receipt.
+-- One statement per logical send: reuse a live receipt, else write the message (a message
+-- with the same explicit delivery key and the same content is the same send; with another
+-- content it is a conflict, and no receipt is written) and record the receipt. `source` says
+-- which happened. Callers hold the advisory locks of the idempotency key and of an explicit
+-- delivery key, so this statement's snapshot sees what a previous holder committed; a
+-- delivery key the producer made up (`explicit_key` false) is new by construction.
 -- A live receipt reused by the same request counts the reuse (`touched`); a receipt written
 -- or replaced after its expiry starts again at zero.
 WITH found AS (
-    SELECT r.request_hash, r.outbox_id, o.delivery_key
-    FROM {schema}.receipts AS r
-    JOIN {schema}.outbox AS o ON o.id = r.outbox_id
-    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
-      AND r.expires_at > now()
+    -- include: live_receipt
 ),
 touched AS (
-    UPDATE {schema}.receipts AS r
-    SET reuse_count = r.reuse_count + 1, last_seen_at = now()
-    FROM found
-    WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
-      AND found.request_hash = %(request_hash)s
+    -- include: receipt_reused
+),
+existing AS (
+    SELECT o.id, o.bucket, o.delivery_key,
+           (o.message_hash IS NULL OR o.message_hash = %(message_hash)s) AS same
+    FROM {schema}.outbox AS o
+    WHERE %(explicit_key)s AND o.delivery_key = %(delivery_key)s
+      AND NOT EXISTS (SELECT FROM found)
+    LIMIT 1
 ),
 inserted AS (
     INSERT INTO {schema}.outbox
-        (kind, aggregate_id, recipient, recipient_key, scope, message_hash, template, data,
-         secrets, delivery_key, max_attempts, available_at, expires_at)
-    SELECT %(kind)s, %(aggregate_id)s, %(recipient)s, %(recipient_key)s, %(scope)s,
-           %(message_hash)s, %(template)s, %(data)s, %(secrets)s, %(delivery_key)s,
-           %(max_attempts)s, coalesce(%(available_at)s::timestamptz, now()), %(expires_at)s
-    WHERE NOT EXISTS (SELECT FROM found)
-    ON CONFLICT (delivery_key) DO NOTHING
-    RETURNING id, delivery_key
+        (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash, template,
+         data, secrets, delivery_key, max_attempts, expires_at)
+    SELECT (now() AT TIME ZONE 'UTC')::date, %(kind)s, %(aggregate_id)s, %(recipient)s,
+           %(recipient_key)s, %(scope)s, %(message_hash)s, %(template)s, %(data)s,
+           %(secrets)s, %(delivery_key)s, %(max_attempts)s, %(expires_at)s
+    WHERE NOT EXISTS (SELECT FROM found) AND NOT EXISTS (SELECT FROM existing)
+    ON CONFLICT (delivery_key, bucket) DO NOTHING
+    RETURNING id, bucket, kind, aggregate_id, delivery_key, max_attempts, expires_at, created_at
 ),
-existing AS (
-    SELECT o.id, o.delivery_key,
-           (o.message_hash IS NULL OR o.message_hash = %(message_hash)s) AS same
-    FROM {schema}.outbox AS o
-    WHERE o.delivery_key = %(delivery_key)s
-      AND NOT EXISTS (SELECT FROM found) AND NOT EXISTS (SELECT FROM inserted)
+queued AS (
+    INSERT INTO {schema}.queue
+        (id, bucket, kind, aggregate_id, delivery_key, max_attempts, available_at, expires_at,
+         created_at, updated_at)
+    SELECT id, bucket, kind, aggregate_id, delivery_key, max_attempts,
+           coalesce(%(available_at)s::timestamptz, created_at), expires_at, created_at,
+           created_at
+    FROM inserted
 ),
 chosen AS (
-    SELECT 'inserted' AS source, id, delivery_key FROM inserted
+    SELECT 'inserted' AS source, id, bucket, delivery_key FROM inserted
     UNION ALL
-    SELECT 'existing', id, delivery_key FROM existing WHERE same
+    SELECT 'existing', id, bucket, delivery_key FROM existing WHERE same
 ),
 receipt AS (
     INSERT INTO {schema}.receipts
-        (scope, idempotency_key, request_hash, outbox_id, expires_at, last_seen_at)
-    SELECT %(scope)s, %(idempotency_key)s, %(request_hash)s, chosen.id,
+        (scope, idempotency_key, bucket, request_hash, outbox_id, outbox_bucket, expires_at,
+         last_seen_at)
+    SELECT %(scope)s, %(idempotency_key)s,
+           ((now() + make_interval(secs => %(ttl_seconds)s)) AT TIME ZONE 'UTC')::date,
+           %(request_hash)s, chosen.id, chosen.bucket,
            now() + make_interval(secs => %(ttl_seconds)s), now()
     FROM chosen
     WHERE %(idempotency_key)s::text IS NOT NULL
@@ -143,25 +170,26 @@ WITH input AS (
     FROM unnest(%(kinds)s::text[], %(aggregate_ids)s::text[], %(recipients)s::text[],
                 %(recipient_keys)s::text[], %(message_hashes)s::text[], %(templates)s::text[],
                 %(data)s::jsonb[], %(secrets)s::bytea[], %(delivery_keys)s::text[],
-                %(max_attempts)s::int[], %(available_at)s::timestamptz[],
-                %(expires_at)s::timestamptz[], %(idempotency_keys)s::text[],
-                %(request_hashes)s::text[])
+                %(explicit_keys)s::bool[], %(max_attempts)s::int[],
+                %(available_at)s::timestamptz[], %(expires_at)s::timestamptz[],
+                %(idempotency_keys)s::text[], %(request_hashes)s::text[])
          WITH ORDINALITY
          AS i(kind, aggregate_id, recipient, recipient_key, message_hash, template, data,
-              secrets, delivery_key, max_attempts, available_at, expires_at, idempotency_key,
-              request_hash, ord)
+              secrets, delivery_key, explicit_key, max_attempts, available_at, expires_at,
+              idempotency_key, request_hash, ord)
 ),
--- Each lookup is a LATERAL with LIMIT 1 (the keys are unique), so that it stays one index
--- probe per message however large the tables are.
+-- Each lookup is a LATERAL with LIMIT 1 (a key has one live receipt and one message), so
+-- that it stays one index probe per partition and message however large the tables are.
 found AS (
-    SELECT i.ord, r.outbox_id, r.delivery_key, r.request_hash = i.request_hash AS same
+    SELECT i.ord, r.outbox_id, r.bucket, r.delivery_key, r.request_hash = i.request_hash AS same
     FROM input AS i
     CROSS JOIN LATERAL (
-        SELECT rr.outbox_id, rr.request_hash, o.delivery_key
+        SELECT rr.outbox_id, rr.bucket, rr.request_hash, o.delivery_key
         FROM {schema}.receipts AS rr
         JOIN {schema}.outbox AS o ON o.id = rr.outbox_id
-        WHERE rr.scope = %(scope)s AND rr.idempotency_key = i.idempotency_key
-          AND rr.expires_at > now()
+        WHERE i.idempotency_key IS NOT NULL
+          AND rr.scope = %(scope)s AND rr.idempotency_key = i.idempotency_key
+          AND rr.bucket >= (now() AT TIME ZONE 'UTC')::date AND rr.expires_at > now()
         LIMIT 1
     ) AS r
 ),
@@ -169,13 +197,13 @@ to_write AS (
     SELECT i.* FROM input AS i WHERE NOT EXISTS (SELECT FROM found AS f WHERE f.ord = i.ord)
 ),
 existing AS (
-    SELECT w.ord, o.id, o.delivery_key,
+    SELECT w.ord, o.id, o.bucket, o.delivery_key,
            (o.message_hash IS NULL OR o.message_hash = w.message_hash) AS same
     FROM to_write AS w
     CROSS JOIN LATERAL (
-        SELECT oo.id, oo.delivery_key, oo.message_hash
+        SELECT oo.id, oo.bucket, oo.delivery_key, oo.message_hash
         FROM {schema}.outbox AS oo
-        WHERE oo.delivery_key = w.delivery_key
+        WHERE w.explicit_key AND oo.delivery_key = w.delivery_key
         LIMIT 1
     ) AS o
 ),
@@ -191,15 +219,16 @@ touched AS (
     FROM found AS f
     JOIN input AS i ON i.ord = f.ord
     WHERE r.scope = %(scope)s AND r.idempotency_key = i.idempotency_key
+      AND r.bucket = f.bucket
       AND NOT EXISTS (SELECT FROM conflicts)
 ),
 inserted AS (
     INSERT INTO {schema}.outbox
-        (kind, aggregate_id, recipient, recipient_key, scope, message_hash, template, data,
-         secrets, delivery_key, max_attempts, available_at, expires_at)
-    SELECT d.kind, d.aggregate_id, d.recipient, d.recipient_key, %(scope)s, d.message_hash,
-           d.template, d.data, d.secrets, d.delivery_key, d.max_attempts,
-           coalesce(d.available_at, now()), d.expires_at
+        (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash, template,
+         data, secrets, delivery_key, max_attempts, expires_at)
+    SELECT (now() AT TIME ZONE 'UTC')::date, d.kind, d.aggregate_id, d.recipient,
+           d.recipient_key, %(scope)s, d.message_hash, d.template, d.data, d.secrets,
+           d.delivery_key, d.max_attempts, d.expires_at
     FROM (
         SELECT DISTINCT ON (w.delivery_key) w.*
         FROM to_write AS w
@@ -208,24 +237,38 @@ inserted AS (
     ) AS d
     WHERE NOT EXISTS (SELECT FROM conflicts)
     ORDER BY d.ord
-    ON CONFLICT (delivery_key) DO NOTHING
-    RETURNING id, delivery_key
+    ON CONFLICT (delivery_key, bucket) DO NOTHING
+    RETURNING id, bucket, kind, aggregate_id, delivery_key, max_attempts, expires_at, created_at
+),
+queued AS (
+    INSERT INTO {schema}.queue
+        (id, bucket, kind, aggregate_id, delivery_key, max_attempts, available_at, expires_at,
+         created_at, updated_at)
+    SELECT n.id, n.bucket, n.kind, n.aggregate_id, n.delivery_key, n.max_attempts,
+           coalesce(w.available_at, n.created_at), n.expires_at, n.created_at, n.created_at
+    FROM inserted AS n
+    JOIN LATERAL (
+        SELECT ww.available_at FROM to_write AS ww
+        WHERE ww.delivery_key = n.delivery_key ORDER BY ww.ord LIMIT 1
+    ) AS w ON true
 ),
 chosen AS (
-    SELECT w.ord, n.id, w.delivery_key, 'inserted' AS source
+    SELECT w.ord, n.id, n.bucket, w.delivery_key, 'inserted' AS source
     FROM to_write AS w
     LEFT JOIN inserted AS n ON n.delivery_key = w.delivery_key
     WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = w.ord)
       AND NOT EXISTS (SELECT FROM conflicts)
     UNION ALL
-    SELECT ord, id, delivery_key, 'existing' FROM existing
+    SELECT ord, id, bucket, delivery_key, 'existing' FROM existing
     WHERE NOT EXISTS (SELECT FROM conflicts)
 ),
 receipt AS (
     INSERT INTO {schema}.receipts
-        (scope, idempotency_key, request_hash, outbox_id, expires_at, last_seen_at)
-    SELECT %(scope)s, w.idempotency_key, w.request_hash, c.id,
-           now() + make_interval(secs => %(ttl_seconds)s), now()
+        (scope, idempotency_key, bucket, request_hash, outbox_id, outbox_bucket, expires_at,
+         last_seen_at)
+    SELECT %(scope)s, w.idempotency_key,
+           ((now() + make_interval(secs => %(ttl_seconds)s)) AT TIME ZONE 'UTC')::date,
+           w.request_hash, c.id, c.bucket, now() + make_interval(secs => %(ttl_seconds)s), now()
     FROM chosen AS c
     JOIN to_write AS w ON w.ord = c.ord
     WHERE w.idempotency_key IS NOT NULL AND c.id IS NOT NULL
@@ -239,61 +282,60 @@ UNION ALL
 SELECT ord, source, id, delivery_key FROM conflicts;
 
 -- name: get_message
--- One outbox row without its secrets, for tools and tests.
+-- One message with where it is, without its secrets, for tools and tests.
 SELECT id, kind, aggregate_id, recipient, template, data, delivery_key, status, attempts,
        max_attempts, available_at, expires_at, leased_by, sent_at, provider_message_id,
        last_error, last_error_class, dead_reason, created_at, updated_at
-FROM {schema}.outbox
+FROM {schema}.messages
 WHERE id = %(id)s;
 
 -- name: backlog
 -- Counts and ages per kind, each from a partial index (the operator's poll).
 SELECT
     k.kind,
-    (SELECT count(*) FROM {schema}.outbox AS o
-      WHERE o.status = 'pending' AND o.kind = k.kind) AS pending,
-    (SELECT count(*) FROM {schema}.outbox AS o
-      WHERE o.status = 'pending' AND o.kind = k.kind
-        AND o.available_at <= now()) AS ready,
-    (SELECT count(*) FROM {schema}.outbox AS o
-      WHERE o.status = 'processing' AND o.kind = k.kind) AS processing,
-    (SELECT count(*) FROM {schema}.outbox AS o
-      WHERE o.status = 'processing' AND o.kind = k.kind
-        AND o.lease_expires_at < now()) AS expired_leases,
-    (SELECT count(*) FROM {schema}.outbox AS o
-      WHERE o.status = 'dead' AND o.kind = k.kind) AS dead,
-    (SELECT min(o.created_at) FROM {schema}.outbox AS o
-      WHERE o.status = 'pending' AND o.kind = k.kind) AS oldest_pending_created_at,
-    (SELECT min(o.available_at) FROM {schema}.outbox AS o
-      WHERE o.status = 'pending' AND o.kind = k.kind
-        AND o.available_at <= now()) AS oldest_ready_available_at,
-    (SELECT count(*) FROM {schema}.outbox AS o
-      WHERE o.status = 'sent' AND o.kind = k.kind
-        AND o.sent_at > now() - make_interval(secs => %(window_seconds)s)) AS sent_in_window,
+    (SELECT count(*) FROM {schema}.queue AS q
+      WHERE q.status = 'pending' AND q.kind = k.kind) AS pending,
+    (SELECT count(*) FROM {schema}.queue AS q
+      WHERE q.status = 'pending' AND q.kind = k.kind
+        AND q.available_at <= now()) AS ready,
+    (SELECT count(*) FROM {schema}.queue AS q
+      WHERE q.status = 'processing' AND q.kind = k.kind) AS processing,
+    (SELECT count(*) FROM {schema}.queue AS q
+      WHERE q.status = 'processing' AND q.kind = k.kind
+        AND q.lease_expires_at < now()) AS expired_leases,
+    (SELECT count(*) FROM {schema}.queue AS q
+      WHERE q.status = 'dead' AND q.kind = k.kind) AS dead,
+    (SELECT min(q.created_at) FROM {schema}.queue AS q
+      WHERE q.status = 'pending' AND q.kind = k.kind) AS oldest_pending_created_at,
+    (SELECT min(q.available_at) FROM {schema}.queue AS q
+      WHERE q.status = 'pending' AND q.kind = k.kind
+        AND q.available_at <= now()) AS oldest_ready_available_at,
+    (SELECT count(*) FROM {schema}.history AS h
+      WHERE h.event = 'sent' AND h.kind = k.kind
+        AND h.at > now() - make_interval(secs => %(window_seconds)s)) AS sent_in_window,
     now() AS observed_at
 FROM unnest(%(kinds)s::text[]) AS k(kind)
 ORDER BY k.kind;
 
 -- name: known_kinds
 -- The kinds that have pending, processing or dead rows.
-SELECT DISTINCT kind FROM {schema}.outbox WHERE status IN ('pending', 'processing', 'dead')
-ORDER BY kind;
+SELECT DISTINCT kind FROM {schema}.queue ORDER BY kind;
 
--- name: claim
--- Lease up to a batch of ready, unexpired rows of some kinds, oldest availability first.
+-- fragment: claimed_rows
+-- Lease up to a batch of ready, unexpired rows of some kinds (the common part of the claims).
 -- An OTP past its expiry is never claimed (no attempt spent on it): the sweep dead-letters it.
 -- Each claim is written to the history (`claimed`) by the same statement.
 WITH candidates AS (
     SELECT c.id
     FROM unnest(%(kinds)s::text[]) AS k(kind)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.available_at
-        FROM {schema}.outbox AS o
-        WHERE o.kind = k.kind
-          AND o.status = 'pending'
-          AND o.available_at <= coalesce(%(now)s::timestamptz, now())
-          AND (o.expires_at IS NULL OR o.expires_at > coalesce(%(now)s::timestamptz, now()))
-        ORDER BY o.available_at, o.id
+        SELECT q.id, q.available_at
+        FROM {schema}.queue AS q
+        WHERE q.kind = k.kind
+          AND q.status = 'pending'
+          AND q.available_at <= coalesce(%(now)s::timestamptz, now())
+          AND (q.expires_at IS NULL OR q.expires_at > coalesce(%(now)s::timestamptz, now()))
+        ORDER BY q.available_at, q.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
@@ -301,85 +343,113 @@ WITH candidates AS (
     LIMIT %(limit)s
 ),
 claimed AS (
-    UPDATE {schema}.outbox AS o
+    UPDATE {schema}.queue AS q
     SET status = 'processing',
         lease_token = gen_random_uuid(),
         lease_expires_at = coalesce(%(now)s::timestamptz, now())
             + make_interval(secs => %(lease_seconds)s),
         leased_by = %(worker_id)s,
-        attempts = o.attempts + 1,
+        attempts = q.attempts + 1,
         updated_at = coalesce(%(now)s::timestamptz, now())
-    FROM candidates
-    WHERE o.id = candidates.id
-    RETURNING o.id, o.kind, o.aggregate_id, o.recipient, o.template, o.data, o.secrets,
-              o.delivery_key, o.attempts, o.max_attempts, o.expires_at, o.lease_token,
-              o.lease_expires_at, o.created_at, o.available_at
+    -- By key, however few rows the queue holds (`ANY` of the chosen ids reads the primary key).
+    WHERE q.id = ANY(ARRAY(SELECT id FROM candidates))
+    RETURNING q.id, q.bucket, q.kind, q.aggregate_id, q.delivery_key, q.attempts,
+              q.max_attempts, q.expires_at, q.lease_token, q.lease_expires_at, q.created_at,
+              q.available_at
 ),
 logged AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, lease_expires_at)
-    SELECT id, 'claimed', coalesce(%(now)s::timestamptz, now()), attempts, lease_token,
-           %(worker_id)s, lease_expires_at
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, lease_expires_at)
+    SELECT id, bucket, kind, 'claimed', coalesce(%(now)s::timestamptz, now()), attempts,
+           lease_token, %(worker_id)s, lease_expires_at
     FROM claimed
 )
--- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen.
-SELECT id, kind, aggregate_id, recipient, template, data, secrets, delivery_key, attempts,
-       max_attempts, expires_at, lease_token, lease_expires_at, created_at,
+
+-- name: claim
+-- Lease up to a batch of ready, unexpired rows of some kinds, oldest first, with their content.
+-- include: claimed_rows
+-- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen. A
+-- message whose outbox row is missing comes back without content (the worker dead-letters it).
+SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
+       c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token,
+       c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at
+FROM claimed AS c
+LEFT JOIN {schema}.outbox AS o ON o.id = c.id AND o.bucket = c.bucket
+ORDER BY c.available_at, c.id;
+
+-- name: claim_without_content
+-- Lease up to a batch of ready rows like `claim`, for a provider that reads no content.
+-- include: claimed_rows
+SELECT c.id, c.kind, c.aggregate_id, NULL::text AS recipient, NULL::text AS template,
+       NULL::jsonb AS data, NULL::bytea AS secrets, c.delivery_key, c.attempts,
+       c.max_attempts, c.expires_at, c.lease_token, c.lease_expires_at, c.created_at,
        coalesce(%(now)s::timestamptz, now()) AS claimed_at
-FROM claimed
-ORDER BY available_at, id;
+FROM claimed AS c
+ORDER BY c.available_at, c.id;
+
+-- fragment: held_by_the_batch
+-- The queue rows of the batch `d` whose lease token still matches (the settling statements').
+-- They are found by key (`id = ANY`): however many rows other workers hold, a batch reads
+-- its own.
+WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = d.id AND q.lease_token = d.token
+  AND q.status = 'processing'
 
 -- fragment: lost_leases
--- The settling statements' batch rows whose lease no longer matched (rows still in the
--- outbox), each with the `claimed` history row `c` of the lease it lost.
+-- The settling statements' batch rows whose lease no longer matched, with their message's
+-- bucket and kind and the attempt their lease's claim recorded (`l`); a message deleted
+-- meanwhile (purged) gets none.
 FROM d
-JOIN {schema}.outbox AS o ON o.id = d.id
-LEFT JOIN {schema}.history AS c
-    ON c.outbox_id = d.id AND c.lease_token = d.token AND c.event = 'claimed'
+CROSS JOIN LATERAL (
+    SELECT o.bucket, o.kind,
+           (SELECT c.attempt FROM {schema}.history AS c
+            WHERE c.outbox_id = d.id AND c.bucket = o.bucket AND c.lease_token = d.token
+              AND c.event = 'claimed'
+            LIMIT 1) AS attempt
+    FROM {schema}.outbox AS o
+    WHERE o.id = d.id
+    LIMIT 1
+) AS l
 WHERE d.id NOT IN (SELECT id FROM settled)
 
 -- name: mark_sent
--- Settle sent rows whose lease token still matches, with their history; returns their latency.
+-- Settle sent rows whose lease token still matches: out of the queue, into the history.
 -- The four settling statements share one shape: `d` is the batch as the worker sends it,
 -- `settled` the rows whose lease token still matches, `logged` their history rows, and
 -- `lost` a `lease_lost` row for each of the others (a lease this worker, `worker_id`, no
--- longer held): what it learnt, so that a late provider id or error is not forgotten. The
--- attempt of a lost lease is the one its claim recorded; a row deleted meanwhile gets none.
+-- longer held): what it learnt, so that a late provider id or error is not forgotten.
+-- A sent message leaves the queue; its `sent` history row is the record of the send. The
+-- answer is each row's latency in seconds, creation to sent.
 WITH d AS (
     SELECT *
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(provider_message_ids)s::text[])
         AS d(id, token, provider_message_id)
 ),
 settled AS (
-    UPDATE {schema}.outbox AS o
-    SET status = 'sent',
-        sent_at = coalesce(%(now)s::timestamptz, now()),
-        provider_message_id = d.provider_message_id,
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        last_error = NULL,
-        last_error_class = NULL,
-        updated_at = coalesce(%(now)s::timestamptz, now())
-    FROM d
-    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-    RETURNING o.id, o.sent_at - o.created_at AS latency, o.attempts, o.leased_by, d.token,
+    DELETE FROM {schema}.queue AS q
+    USING d
+    -- include: held_by_the_batch
+    RETURNING q.id, q.bucket, q.kind, q.created_at, q.attempts, q.leased_by, d.token,
               d.provider_message_id
 ),
 logged AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, provider_message_id)
-    SELECT id, 'sent', coalesce(%(now)s::timestamptz, now()), attempts, token, leased_by,
-           provider_message_id
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id,
+         provider_message_id)
+    SELECT id, bucket, kind, 'sent', coalesce(%(now)s::timestamptz, now()), attempts, token,
+           leased_by, provider_message_id
     FROM settled
 ),
 lost AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, provider_message_id)
-    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
-           %(worker_id)s, d.provider_message_id
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id,
+         provider_message_id)
+    SELECT d.id, l.bucket, l.kind, 'lease_lost', coalesce(%(now)s::timestamptz, now()),
+           l.attempt, d.token, %(worker_id)s, d.provider_message_id
     -- include: lost_leases
 )
-SELECT id, latency FROM settled;
+SELECT id,
+       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - created_at)::float8 AS latency
+FROM settled;
 
 -- name: schedule_retry
 -- Return rows whose lease still matches to pending, ready after their delay, with their history.
@@ -391,7 +461,7 @@ WITH d AS (
         AS d(id, token, delay, error, error_class)
 ),
 settled AS (
-    UPDATE {schema}.outbox AS o
+    UPDATE {schema}.queue AS q
     SET status = 'pending',
         available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => d.delay),
         last_error = d.error,
@@ -400,23 +470,26 @@ settled AS (
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now())
     FROM d
-    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-    RETURNING o.id, o.attempts, o.leased_by, d.token, d.delay, d.error, d.error_class
+    -- include: held_by_the_batch
+    RETURNING q.id, q.bucket, q.kind, q.attempts, q.leased_by, d.token, d.delay, d.error,
+              d.error_class
 ),
 logged AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, retry_delay_seconds,
-         error_class, error)
-    SELECT id, CASE error_class WHEN 'ambiguous' THEN 'ambiguous' ELSE 'retry' END,
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id,
+         retry_delay_seconds, error_class, error)
+    SELECT id, bucket, kind,
+           CASE error_class WHEN 'ambiguous' THEN 'ambiguous' ELSE 'retry' END,
            coalesce(%(now)s::timestamptz, now()), attempts, token, leased_by, delay,
            error_class, error
     FROM settled
 ),
 lost AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, error_class, error)
-    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
-           %(worker_id)s, d.error_class, d.error
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, error_class,
+         error)
+    SELECT d.id, l.bucket, l.kind, 'lease_lost', coalesce(%(now)s::timestamptz, now()),
+           l.attempt, d.token, %(worker_id)s, d.error_class, d.error
     -- include: lost_leases
 )
 SELECT id FROM settled;
@@ -430,7 +503,7 @@ WITH d AS (
         AS d(id, token, reason, error, error_class)
 ),
 settled AS (
-    UPDATE {schema}.outbox AS o
+    UPDATE {schema}.queue AS q
     SET status = 'dead',
         dead_reason = d.reason,
         last_error = d.error,
@@ -439,35 +512,38 @@ settled AS (
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now())
     FROM d
-    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-    RETURNING o.id, o.attempts, o.leased_by, d.token, d.reason, d.error, d.error_class
+    -- include: held_by_the_batch
+    RETURNING q.id, q.bucket, q.kind, q.attempts, q.leased_by, d.token, d.reason, d.error,
+              d.error_class
 ),
 logged AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, dead_reason, error_class,
-         error)
-    SELECT id, 'dead', coalesce(%(now)s::timestamptz, now()), attempts, token, leased_by,
-           reason, error_class, error
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, dead_reason,
+         error_class, error)
+    SELECT id, bucket, kind, 'dead', coalesce(%(now)s::timestamptz, now()), attempts, token,
+           leased_by, reason, error_class, error
     FROM settled
 ),
 lost AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, error_class, error)
-    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
-           %(worker_id)s, d.error_class, d.error
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, error_class,
+         error)
+    SELECT d.id, l.bucket, l.kind, 'lease_lost', coalesce(%(now)s::timestamptz, now()),
+           l.attempt, d.token, %(worker_id)s, d.error_class, d.error
     -- include: lost_leases
 )
 SELECT id FROM settled;
 
 -- name: extend_leases
 -- Push the expiry of leases still held to now plus the lease length.
-UPDATE {schema}.outbox AS o
+UPDATE {schema}.queue AS q
 SET lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + make_interval(secs => %(lease_seconds)s),
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
-WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-RETURNING o.id, o.lease_expires_at;
+WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = d.id AND q.lease_token = d.token
+  AND q.status = 'processing'
+RETURNING q.id, q.lease_expires_at;
 
 -- name: release_leases
 -- Give rows back unsent and ready at once, undoing the claim's attempt, with their history.
@@ -476,27 +552,29 @@ WITH d AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
 ),
 settled AS (
-    UPDATE {schema}.outbox AS o
+    UPDATE {schema}.queue AS q
     SET status = 'pending',
         available_at = coalesce(%(now)s::timestamptz, now()),
-        attempts = greatest(o.attempts - 1, 0),
+        attempts = greatest(q.attempts - 1, 0),
         lease_token = NULL,
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now())
     FROM d
-    WHERE o.id = d.id AND o.lease_token = d.token AND o.status = 'processing'
-    RETURNING o.id, o.attempts, o.leased_by, d.token
+    -- include: held_by_the_batch
+    RETURNING q.id, q.bucket, q.kind, q.attempts, q.leased_by, d.token
 ),
 logged AS (
-    INSERT INTO {schema}.history (outbox_id, event, at, attempt, lease_token, worker_id)
-    SELECT id, 'released', coalesce(%(now)s::timestamptz, now()), attempts + 1, token,
-           leased_by
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id)
+    SELECT id, bucket, kind, 'released', coalesce(%(now)s::timestamptz, now()), attempts + 1,
+           token, leased_by
     FROM settled
 ),
 lost AS (
-    INSERT INTO {schema}.history (outbox_id, event, at, attempt, lease_token, worker_id)
-    SELECT d.id, 'lease_lost', coalesce(%(now)s::timestamptz, now()), c.attempt, d.token,
-           %(worker_id)s
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id)
+    SELECT d.id, l.bucket, l.kind, 'lease_lost', coalesce(%(now)s::timestamptz, now()),
+           l.attempt, d.token, %(worker_id)s
     -- include: lost_leases
 )
 SELECT id FROM settled;
@@ -507,7 +585,7 @@ SELECT id FROM settled;
 -- clears it, so that the history's `lease_expired` row names the lease that ran out.
 WITH expired AS (
     SELECT id, lease_token, lease_expires_at, leased_by
-    FROM {schema}.outbox
+    FROM {schema}.queue
     WHERE status = 'processing'
       AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
     ORDER BY lease_expires_at
@@ -515,27 +593,28 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ),
 reclaimed AS (
-    UPDATE {schema}.outbox AS o
-    SET status = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+    UPDATE {schema}.queue AS q
+    SET status = CASE WHEN q.attempts >= coalesce(q.max_attempts, %(default_max_attempts)s)
                       THEN 'dead' ELSE 'pending' END,
-        dead_reason = CASE WHEN o.attempts >= coalesce(o.max_attempts, %(default_max_attempts)s)
+        dead_reason = CASE WHEN q.attempts >= coalesce(q.max_attempts, %(default_max_attempts)s)
                            THEN 'attempts_exhausted' END,
         available_at = coalesce(%(now)s::timestamptz, now()),
-        last_error = 'lease expired while held by ' || coalesce(o.leased_by, 'unknown worker'),
+        last_error = 'lease expired while held by ' || coalesce(q.leased_by, 'unknown worker'),
         last_error_class = 'lease_expired',
         lease_token = NULL,
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now())
     FROM expired
-    WHERE o.id = expired.id
-    RETURNING o.id, o.kind, o.status, o.attempts, o.dead_reason, expired.lease_token,
+    WHERE q.id = ANY(ARRAY(SELECT id FROM expired)) AND q.id = expired.id
+    RETURNING q.id, q.bucket, q.kind, q.status, q.attempts, q.dead_reason, expired.lease_token,
               expired.lease_expires_at, expired.leased_by
 ),
 logged AS (
     INSERT INTO {schema}.history
-        (outbox_id, event, at, attempt, lease_token, worker_id, lease_expires_at, dead_reason)
-    SELECT id, 'lease_expired', coalesce(%(now)s::timestamptz, now()), attempts, lease_token,
-           leased_by, lease_expires_at, dead_reason
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, lease_expires_at,
+         dead_reason)
+    SELECT id, bucket, kind, 'lease_expired', coalesce(%(now)s::timestamptz, now()), attempts,
+           lease_token, leased_by, lease_expires_at, dead_reason
     FROM reclaimed
 )
 SELECT id, kind, status FROM reclaimed;
@@ -544,7 +623,7 @@ SELECT id, kind, status FROM reclaimed;
 -- Dead-letter pending rows past their expires_at (reason expired), with their history.
 WITH expired AS (
     SELECT id
-    FROM {schema}.outbox
+    FROM {schema}.queue
     WHERE status = 'pending'
       AND expires_at IS NOT NULL
       AND expires_at < coalesce(%(now)s::timestamptz, now())
@@ -552,19 +631,19 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ),
 dead AS (
-    UPDATE {schema}.outbox AS o
+    UPDATE {schema}.queue AS q
     SET status = 'dead',
         dead_reason = 'expired',
         last_error = 'expired before it could be sent',
         last_error_class = 'expired',
         updated_at = coalesce(%(now)s::timestamptz, now())
-    FROM expired
-    WHERE o.id = expired.id
-    RETURNING o.id, o.kind, o.attempts, o.dead_reason
+    WHERE q.id = ANY(ARRAY(SELECT id FROM expired))
+    RETURNING q.id, q.bucket, q.kind, q.attempts, q.dead_reason
 ),
 logged AS (
-    INSERT INTO {schema}.history (outbox_id, event, at, attempt, dead_reason)
-    SELECT id, 'expired', coalesce(%(now)s::timestamptz, now()), attempts, dead_reason
+    INSERT INTO {schema}.history (outbox_id, bucket, kind, event, at, attempt, dead_reason)
+    SELECT id, bucket, kind, 'expired', coalesce(%(now)s::timestamptz, now()), attempts,
+           dead_reason
     FROM dead
 )
 SELECT id, kind FROM dead;
@@ -582,7 +661,7 @@ status = 'dead'
 -- Dead letters matching a selection, oldest first, without content.
 SELECT id, kind, aggregate_id, delivery_key, attempts, max_attempts, dead_reason,
        last_error_class, last_error, created_at, updated_at
-FROM {schema}.outbox
+FROM {schema}.queue
 WHERE
 -- include: dead_letter_selection
 ORDER BY updated_at, id
@@ -591,7 +670,7 @@ LIMIT %(limit)s;
 -- name: requeue_dead_letters
 -- Make matching dead letters pending again with a fresh attempt budget, with their history.
 WITH chosen AS (
-    SELECT id FROM {schema}.outbox
+    SELECT id FROM {schema}.queue
     WHERE
     -- include: dead_letter_selection
     ORDER BY updated_at, id
@@ -599,87 +678,107 @@ WITH chosen AS (
     FOR UPDATE SKIP LOCKED
 ),
 requeued AS (
-    UPDATE {schema}.outbox AS o
+    UPDATE {schema}.queue AS q
     SET status = 'pending',
         attempts = 0,
         available_at = now(),
         dead_reason = NULL,
-        expires_at = CASE WHEN %(clear_expiry)s THEN NULL ELSE o.expires_at END,
+        expires_at = CASE WHEN %(clear_expiry)s THEN NULL ELSE q.expires_at END,
         updated_at = now()
-    FROM chosen
-    WHERE o.id = chosen.id
-    RETURNING o.id
+    WHERE q.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING q.id, q.bucket, q.kind
 ),
 logged AS (
-    INSERT INTO {schema}.history (outbox_id, event, at)
-    SELECT id, 'requeued', now() FROM requeued
+    INSERT INTO {schema}.history (outbox_id, bucket, kind, event, at)
+    SELECT id, bucket, kind, 'requeued', now() FROM requeued
 )
 SELECT id FROM requeued;
 
 -- name: count_dead_letters
 -- How many dead letters match a selection.
 SELECT count(*)
-FROM {schema}.outbox
+FROM {schema}.queue
 WHERE
 -- include: dead_letter_selection
 
 -- name: purge_dead_letters
--- Delete one batch of dead letters matching a selection, and their history.
+-- Delete one batch of dead letters matching a selection: the message, its history, receipts.
 WITH doomed AS (
-    SELECT id FROM {schema}.outbox
+    SELECT id FROM {schema}.queue
     WHERE
     -- include: dead_letter_selection
     LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 ),
 deleted AS (
-    DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
-    RETURNING o.id
+    DELETE FROM {schema}.queue AS q WHERE q.id = ANY(ARRAY(SELECT id FROM doomed))
+    RETURNING q.id, q.bucket
+),
+message AS (
+    DELETE FROM {schema}.outbox AS o USING deleted
+    WHERE o.id = deleted.id AND o.bucket = deleted.bucket
 ),
 forgotten AS (
-    DELETE FROM {schema}.history AS h USING deleted WHERE h.outbox_id = deleted.id
+    DELETE FROM {schema}.history AS h USING deleted
+    WHERE h.outbox_id = deleted.id AND h.bucket = deleted.bucket
+),
+unreceipted AS (
+    DELETE FROM {schema}.receipts AS r USING deleted WHERE r.outbox_id = deleted.id
 )
 SELECT id FROM deleted;
 
--- name: prune_sent
--- Delete one batch of sent rows older than the retention that no live receipt references,
--- and their history.
-WITH doomed AS (
-    SELECT o.id FROM {schema}.outbox AS o
-    WHERE o.status = 'sent'
-      AND o.sent_at < now() - make_interval(secs => %(retention_seconds)s)
-      AND NOT EXISTS (SELECT FROM {schema}.receipts AS r
-                      WHERE r.outbox_id = o.id AND r.expires_at > now())
-    ORDER BY o.sent_at
-    LIMIT %(limit)s
+-- name: kept_messages
+-- The messages of the days before `before` that retention must keep: still in the queue
+-- (unsent or dead), or named by a live receipt (a retried request must still map onto it).
+-- A receipt made for a message older than its own day before is in `receipts_late_idx`;
+-- every other live receipt names a message of yesterday or later, which a retention of a
+-- day or more never reaches.
+SELECT id FROM {schema}.queue WHERE bucket < %(before)s
+UNION
+SELECT outbox_id FROM {schema}.receipts
+WHERE outbox_bucket < bucket - 1 AND outbox_bucket < %(before)s AND expires_at > now();
+
+-- name: kept_messages_short_retention
+-- `kept_messages` for a retention under a day, which reaches yesterday: every live receipt.
+SELECT id FROM {schema}.queue WHERE bucket < %(before)s
+UNION
+SELECT outbox_id FROM {schema}.receipts
+WHERE bucket >= (now() AT TIME ZONE 'UTC')::date
+  AND outbox_bucket < %(before)s AND expires_at > now();
+
+-- name: keep_messages
+-- Move messages (their outbox row, queue row and history) to the day `day`, and point their
+-- receipts there: retention is about to drop the days before `before` they were in.
+WITH ids AS (
+    SELECT unnest(%(ids)s::bigint[]) AS id
 ),
-deleted AS (
-    DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
+queued AS (
+    UPDATE {schema}.queue AS q SET bucket = %(day)s
+    FROM ids WHERE q.id = ids.id AND q.bucket < %(before)s
+),
+messages AS (
+    UPDATE {schema}.outbox AS o SET bucket = %(day)s
+    FROM ids WHERE o.id = ids.id AND o.bucket < %(before)s
     RETURNING o.id
 ),
-forgotten AS (
-    DELETE FROM {schema}.history AS h USING deleted WHERE h.outbox_id = deleted.id
+history AS (
+    UPDATE {schema}.history AS h SET bucket = %(day)s
+    FROM ids WHERE h.outbox_id = ids.id AND h.bucket < %(before)s
+),
+receipts AS (
+    UPDATE {schema}.receipts AS r SET outbox_bucket = %(day)s
+    FROM ids WHERE r.outbox_id = ids.id AND r.outbox_bucket < %(before)s
 )
-SELECT id FROM deleted;
-
--- name: prune_receipts
--- Delete one batch of receipts expired longer ago than the retention.
-WITH doomed AS (
-    SELECT scope, idempotency_key FROM {schema}.receipts
-    WHERE expires_at < now() - make_interval(secs => %(retention_seconds)s)
-    ORDER BY expires_at
-    LIMIT %(limit)s
-)
-DELETE FROM {schema}.receipts AS r USING doomed
-WHERE r.scope = doomed.scope AND r.idempotency_key = doomed.idempotency_key;
+SELECT count(*) FROM messages;
 
 -- name: listen
--- Subscribe to the outbox's insert notifications.
+-- Subscribe to the queue's insert notifications.
 LISTEN {notify_channel_name};
 
 -- name: schema_present
--- Whether the outbox and receipts tables exist in a schema.
-SELECT count(*) = 2 FROM pg_catalog.pg_tables
-WHERE schemaname = %(schema_name)s AND tablename IN ('outbox', 'receipts');
+-- Whether the schema's tables exist.
+SELECT count(*) = 4 FROM pg_catalog.pg_tables
+WHERE schemaname = %(schema_name)s AND tablename IN ('outbox', 'queue', 'receipts', 'history');
 
 -- name: schema_version
 -- The newest migration applied to the schema (the operator and the worker compare it with theirs).

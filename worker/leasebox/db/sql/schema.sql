@@ -1,25 +1,72 @@
 -- The canonical leasebox schema. Migrations must produce exactly this (a test compares them).
 -- `{schema}` is replaced by the configured schema name, quoted as an identifier.
+--
+-- A message lives in two places. `outbox` is what the producer wrote (who gets which template
+-- with which variables, under which delivery key): one row per logical send, written once and
+-- never updated. `queue` is where the message is in its life while it is not sent yet
+-- (pending, processing, dead): a narrow row that workers claim, settle and finally delete
+-- when the message is sent. So a claim rewrites a row of a few dozen bytes through the few
+-- indexes that serve claims, a send deletes it, and the message's content and its sent
+-- history never pass through the queue's indexes again. `messages` joins the two back into
+-- one row per send, with its status, for people and tools.
+--
+-- What is kept after sending (the message, its attempt history, its receipts) is partitioned
+-- by day (`bucket`), so that retention drops a day at once instead of deleting its rows one
+-- by one. Daily partitions are created ahead of time (`leasebox.db.partitions`); a default
+-- partition takes whatever arrives for a day that has none, so a write never fails for want
+-- of a partition.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 
+CREATE SEQUENCE {schema}.outbox_id_seq AS bigint;
+
 CREATE TABLE {schema}.outbox (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id bigint NOT NULL DEFAULT nextval('{schema}.outbox_id_seq'),
+    -- The UTC day the message was created: its partition. Retention moves a message that is
+    -- still wanted (unsent, dead, or named by a live receipt) to a later day before dropping.
+    bucket date NOT NULL,
     kind text NOT NULL CHECK (kind ~ '^[a-z][a-z0-9_]{{0,62}}$'),
     aggregate_id text,
     recipient text NOT NULL,
-    template text NOT NULL,
-    data jsonb NOT NULL DEFAULT '{{}}'::jsonb,
-    secrets bytea,
-    delivery_key text NOT NULL UNIQUE,
     -- The recipient normalised (trimmed, case-folded, IDNA domain): what the guard counts.
     recipient_key text,
     -- The producer's scope, for the guard's per-scope limit.
     scope text,
     -- A fingerprint of what the row sends: a delivery key reused for another message conflicts.
     message_hash text,
-    status text NOT NULL DEFAULT 'pending'
-        CHECK (status IN ('pending', 'processing', 'sent', 'dead')),
+    template text NOT NULL,
+    data jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+    secrets bytea,
+    -- Unique among the retained messages: per partition by this index, across partitions by
+    -- the producer's advisory lock on the key and its lookup before it writes.
+    delivery_key text NOT NULL,
+    -- As the producer asked; the queue holds the values in force.
+    max_attempts integer CHECK (max_attempts BETWEEN 1 AND 100),
+    expires_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, bucket),
+    UNIQUE (delivery_key, bucket)
+) PARTITION BY RANGE (bucket);
+
+ALTER SEQUENCE {schema}.outbox_id_seq OWNED BY {schema}.outbox.id;
+
+-- The abuse guard's windows: per normalised recipient, and per scope.
+CREATE INDEX outbox_recipient_key_created_idx ON {schema}.outbox (recipient_key, created_at);
+CREATE INDEX outbox_scope_created_idx ON {schema}.outbox (scope, created_at);
+
+CREATE TABLE {schema}.outbox_default PARTITION OF {schema}.outbox DEFAULT;
+
+-- The messages not sent yet, and the dead letters: what workers claim and settle. A row is
+-- deleted when its message is sent. It copies from `outbox` what claiming, routing and logs
+-- need (kind, aggregate id, delivery key), so a provider that reads no content claims from
+-- here alone.
+CREATE TABLE {schema}.queue (
+    id bigint PRIMARY KEY,
+    bucket date NOT NULL,
+    kind text NOT NULL,
+    aggregate_id text,
+    delivery_key text NOT NULL,
+    status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'dead')),
     attempts integer NOT NULL DEFAULT 0,
     max_attempts integer CHECK (max_attempts BETWEEN 1 AND 100),
     available_at timestamptz NOT NULL DEFAULT now(),
@@ -27,15 +74,13 @@ CREATE TABLE {schema}.outbox (
     lease_token uuid,
     lease_expires_at timestamptz,
     leased_by text,
-    sent_at timestamptz,
-    provider_message_id text,
     last_error text,
     last_error_class text,
     dead_reason text,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now()
 ) WITH (
-    fillfactor = 70,
+    fillfactor = 80,
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_threshold = 1000,
     autovacuum_analyze_scale_factor = 0.02,
@@ -43,52 +88,62 @@ CREATE TABLE {schema}.outbox (
 );
 
 -- Claim: ready rows of a kind, in FIFO order of availability.
-CREATE INDEX outbox_ready_idx ON {schema}.outbox (kind, available_at, id)
+CREATE INDEX queue_ready_idx ON {schema}.queue (kind, available_at, id)
     WHERE status = 'pending';
 -- Backlog: oldest pending age, measured from creation (the SLA clock).
-CREATE INDEX outbox_pending_created_idx ON {schema}.outbox (kind, created_at)
+CREATE INDEX queue_pending_created_idx ON {schema}.queue (kind, created_at)
     WHERE status = 'pending';
 -- Expiry sweep: OTPs past their TTL are dead-lettered, never sent late.
-CREATE INDEX outbox_pending_expiry_idx ON {schema}.outbox (expires_at)
+CREATE INDEX queue_pending_expiry_idx ON {schema}.queue (expires_at)
     WHERE status = 'pending' AND expires_at IS NOT NULL;
 -- Reclaim: leases that ran out while a worker held them.
-CREATE INDEX outbox_leases_idx ON {schema}.outbox (lease_expires_at)
+CREATE INDEX queue_leases_idx ON {schema}.queue (lease_expires_at)
     WHERE status = 'processing';
 -- Dead letters by kind and age (list, requeue, purge, backlog counts).
-CREATE INDEX outbox_dead_idx ON {schema}.outbox (kind, updated_at)
+CREATE INDEX queue_dead_idx ON {schema}.queue (kind, updated_at)
     WHERE status = 'dead';
--- Send rate and pruning of sent rows.
-CREATE INDEX outbox_sent_idx ON {schema}.outbox (sent_at)
-    WHERE status = 'sent';
--- The abuse guard's windows: per normalised recipient, and per scope.
-CREATE INDEX outbox_recipient_key_created_idx ON {schema}.outbox (recipient_key, created_at);
-CREATE INDEX outbox_scope_created_idx ON {schema}.outbox (scope, created_at);
 
+-- Requests that mapped onto a send. A receipt names its message by id; it lives in the
+-- partition of the day it expires (`bucket`), so a lookup of the live receipts reads only
+-- today's and later partitions, and retention drops receipts a retention after they expired.
+-- One key has one live receipt: the producers serialise on the key's advisory lock.
 CREATE TABLE {schema}.receipts (
     scope text NOT NULL,
     idempotency_key text NOT NULL,
+    bucket date NOT NULL,
     request_hash text NOT NULL,
-    -- A receipt goes with its row, so it never points at a missing one.
-    outbox_id bigint NOT NULL REFERENCES {schema}.outbox (id) ON DELETE CASCADE,
+    outbox_id bigint NOT NULL,
+    -- The day of the message it names (its `outbox` bucket).
+    outbox_bucket date NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL,
     -- The latest request that mapped onto the send, and how many retried requests reused it
     -- (`created_at` is the first).
     last_seen_at timestamptz,
     reuse_count integer NOT NULL DEFAULT 0,
-    PRIMARY KEY (scope, idempotency_key)
-) WITH (fillfactor = 90);
+    PRIMARY KEY (scope, idempotency_key, bucket)
+) PARTITION BY RANGE (bucket);
 
--- Pruning of expired receipts, and the cascade (and live-receipt check) of deleted rows.
-CREATE INDEX receipts_expires_idx ON {schema}.receipts (expires_at);
+-- The receipts of a message (a trace; retention keeping a message a live receipt names).
 CREATE INDEX receipts_outbox_idx ON {schema}.receipts (outbox_id);
+-- Receipts made for a message older than their own day before (a request that reused the
+-- delivery key of an old message): what retention checks before it drops a day of messages.
+CREATE INDEX receipts_late_idx ON {schema}.receipts (outbox_bucket)
+    WHERE outbox_bucket < bucket - 1;
+
+CREATE TABLE {schema}.receipts_default PARTITION OF {schema}.receipts DEFAULT;
 
 -- The attempt history: one row per event in a message's life (each claim, how each lease
--- ended, an expiry in the queue, a requeue), written by the statement that makes the change
--- and deleted by the statements that delete its row. Append-only, so it never bloats.
+-- ended, an expiry in the queue, a requeue), written by the statement that makes the change.
+-- It lives in its message's partition (`bucket`) and goes with it. Append-only.
+CREATE SEQUENCE {schema}.history_id_seq AS bigint;
+
 CREATE TABLE {schema}.history (
     outbox_id bigint NOT NULL,
-    id bigint GENERATED ALWAYS AS IDENTITY,
+    bucket date NOT NULL,
+    id bigint NOT NULL DEFAULT nextval('{schema}.history_id_seq'),
+    -- The message's kind (the send rate is counted per kind).
+    kind text NOT NULL,
     event text NOT NULL CHECK (event IN (
         'claimed', 'sent', 'retry', 'ambiguous', 'dead', 'released', 'lease_expired',
         'lease_lost', 'expired', 'requeued')),
@@ -104,12 +159,41 @@ CREATE TABLE {schema}.history (
     error_class text,
     error text,
     dead_reason text,
-    provider_message_id text,
-    PRIMARY KEY (outbox_id, id)
-) WITH (
-    fillfactor = 100,
-    autovacuum_vacuum_insert_scale_factor = 0.05
-);
+    provider_message_id text
+) PARTITION BY RANGE (bucket);
+
+ALTER SEQUENCE {schema}.history_id_seq OWNED BY {schema}.history.id;
+
+-- A message's history (a trace, a lost lease's claim, retention moving a message).
+CREATE INDEX history_outbox_idx ON {schema}.history (outbox_id);
+-- Sends per second of a kind (the backlog's rate window).
+CREATE INDEX history_sent_idx ON {schema}.history (kind, at) WHERE event = 'sent';
+
+CREATE TABLE {schema}.history_default PARTITION OF {schema}.history DEFAULT;
+
+-- One row per logical send with where it is: the queue's state while it is there, `sent`
+-- (with when, by whom, and the provider's id, from its `sent` history) once it is gone.
+CREATE VIEW {schema}.messages AS
+SELECT o.id, o.bucket, o.kind, o.aggregate_id, o.recipient, o.recipient_key, o.scope,
+       o.message_hash, o.template, o.data, o.delivery_key,
+       coalesce(q.status, 'sent') AS status,
+       coalesce(q.attempts, s.attempt, 0) AS attempts,
+       coalesce(q.max_attempts, o.max_attempts) AS max_attempts,
+       coalesce(q.available_at, o.created_at) AS available_at,
+       CASE WHEN q.id IS NULL THEN o.expires_at ELSE q.expires_at END AS expires_at,
+       q.lease_token, q.lease_expires_at, coalesce(q.leased_by, s.worker_id) AS leased_by,
+       s.at AS sent_at, s.provider_message_id,
+       q.last_error, q.last_error_class, q.dead_reason,
+       o.created_at, coalesce(q.updated_at, s.at, o.created_at) AS updated_at
+FROM {schema}.outbox AS o
+LEFT JOIN {schema}.queue AS q ON q.id = o.id
+LEFT JOIN LATERAL (
+    SELECT h.at, h.attempt, h.worker_id, h.provider_message_id
+    FROM {schema}.history AS h
+    WHERE q.id IS NULL AND h.outbox_id = o.id AND h.bucket = o.bucket AND h.event = 'sent'
+    ORDER BY h.id DESC
+    LIMIT 1
+) AS s ON true;
 
 -- Wakes idle workers when rows arrive; one notification per statement, not per row.
 CREATE FUNCTION {schema}.notify_outbox() RETURNS trigger
@@ -120,5 +204,5 @@ BEGIN
 END;
 $$;
 
-CREATE TRIGGER outbox_notify AFTER INSERT ON {schema}.outbox
+CREATE TRIGGER queue_notify AFTER INSERT ON {schema}.queue
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_outbox();

@@ -1,7 +1,8 @@
--- Named queries `leasebox trace` uses to read one send's story: its outbox row (found by id,
--- delivery key, idempotency key or aggregate), the receipts of the requests that mapped onto
--- it, and its attempt history. `{schema}` is the leasebox schema. None of these serve the
--- worker's hot path; each reads a handful of rows by an index, except `trace_by_aggregate`.
+-- Named queries `leasebox trace` uses to read one send's story: its message with where it is
+-- (the `messages` view, found by id, delivery key, idempotency key or aggregate), the receipts
+-- of the requests that mapped onto it, and its attempt history. `{schema}` is the leasebox
+-- schema. None of these serve the worker's hot path; each reads a handful of rows by an index
+-- in each day's partition, except `trace_by_aggregate`.
 
 -- fragment: traced_columns
 o.id, o.kind, o.aggregate_id, o.recipient, o.delivery_key, o.status, o.attempts,
@@ -9,40 +10,42 @@ o.max_attempts, o.created_at, o.sent_at, o.expires_at, o.leased_by, o.lease_toke
 o.lease_expires_at, o.dead_reason, o.provider_message_id
 
 -- name: trace_by_id
--- The outbox row with an id (its primary key).
+-- The message with an id (its primary key).
 SELECT
 -- include: traced_columns
-FROM {schema}.outbox AS o
+FROM {schema}.messages AS o
 WHERE o.id = %(outbox_id)s;
 
 -- name: trace_by_ids
--- Some outbox rows by id, in id order (the demo's duplicates).
+-- Some messages by id, in id order (the demo's duplicates).
 SELECT
 -- include: traced_columns
-FROM {schema}.outbox AS o
+FROM {schema}.messages AS o
 WHERE o.id = ANY(%(outbox_ids)s)
 ORDER BY o.id;
 
 -- name: trace_by_delivery_key
--- The outbox row with a delivery key (its unique index).
+-- The message with a delivery key (its unique index).
 SELECT
 -- include: traced_columns
-FROM {schema}.outbox AS o
+FROM {schema}.messages AS o
 WHERE o.delivery_key = %(delivery_key)s;
 
 -- name: trace_by_idempotency_key
--- The outbox row a receipt maps onto (the receipts' primary key).
+-- The messages the receipts of a key map onto, latest receipt first (one key names a new
+-- send once its receipt has expired).
 SELECT
 -- include: traced_columns
 FROM {schema}.receipts AS r
-JOIN {schema}.outbox AS o ON o.id = r.outbox_id
-WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s;
+JOIN {schema}.messages AS o ON o.id = r.outbox_id
+WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
+ORDER BY r.created_at DESC;
 
 -- name: trace_by_aggregate
--- An aggregate's rows, newest first; aggregate_id has no index, so this scans the outbox.
+-- An aggregate's messages, newest first; aggregate_id has no index, so this scans the outbox.
 SELECT
 -- include: traced_columns
-FROM {schema}.outbox AS o
+FROM {schema}.messages AS o
 WHERE o.aggregate_id = %(aggregate_id)s AND (%(kind)s::text IS NULL OR o.kind = %(kind)s::text)
 ORDER BY o.id DESC
 LIMIT %(limit)s;

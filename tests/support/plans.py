@@ -1,0 +1,90 @@
+"""Reading a statement's plan in tests: which relations it reads, and how.
+
+The hot statements must stay on their indexes; a test EXPLAINs one over a seeded table and
+asserts which indexes it uses and that it scans no table in full. A partitioned table has a
+partition for each coming day, empty until its day: the planner rightly reads an empty
+partition by a sequential scan (it costs nothing), so a scan counts as a full scan only
+when the relation holds rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+
+def analyze(conn: psycopg.Connection[Any], *tables: str, schema: str = "leasebox") -> None:
+    """Fresh statistics for `tables` (and their partitions), so that plans are the ones a
+    table of that size gets; commits."""
+    for table in tables:
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, table)))
+    if not conn.autocommit:
+        conn.commit()
+
+
+def plan_of(
+    conn: psycopg.Connection[Any], statement: sql.Composable, params: dict[str, Any]
+) -> Any:
+    """The plan of `statement` with `params` (EXPLAIN's JSON, not executed); rolls back."""
+    explain = sql.SQL("EXPLAIN (FORMAT JSON) ") + statement
+    row = conn.execute(explain, params).fetchone()
+    if not conn.autocommit:
+        conn.rollback()
+    assert row is not None
+    return row[0][0]["Plan"]
+
+
+def reads(plan: Any) -> set[str]:
+    """How the plan reads each relation: `Seq Scan on queue`, `Index Scan using ...`."""
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        index = node.get("Index Name")
+        if index:  # a bitmap index scan names its index and not its table
+            found.add(f"{node['Node Type']} using {index}")
+        elif "Relation Name" in node and node["Node Type"] != "ModifyTable":
+            found.add(f"{node['Node Type']} on {node['Relation Name']}")
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan)
+    return found
+
+
+def full_scans(conn: psycopg.Connection[Any], plan: Any, *, schema: str = "leasebox") -> set[str]:
+    """The sequential scans of the plan over relations that hold rows."""
+    found = set()
+    for read in reads(plan):
+        if not read.startswith("Seq Scan on "):
+            continue
+        relation = read.removeprefix("Seq Scan on ")
+        statement = sql.SQL("SELECT EXISTS (SELECT FROM {})").format(
+            sql.Identifier(schema, relation)
+        )
+        row = conn.execute(statement).fetchone()
+        if not conn.autocommit:
+            conn.rollback()
+        if row and row[0]:
+            found.add(read)
+    return found
+
+
+def indexes(conn: psycopg.Connection[Any], plan: Any, *, schema: str = "leasebox") -> set[str]:
+    """The indexes the plan reads, each day partition's index named by the partitioned
+    table's index it belongs to (`outbox_20261202_pkey` is `outbox_pkey`)."""
+    found = set()
+    for read in reads(plan):
+        _, using, index = read.partition(" using ")
+        if not using:
+            continue
+        row = conn.execute(
+            "SELECT c.relname FROM pg_catalog.pg_class AS c"
+            " WHERE c.oid = pg_partition_root(to_regclass(%s))",
+            (f'"{schema}"."{index}"',),
+        ).fetchone()
+        if not conn.autocommit:
+            conn.rollback()
+        found.add(str(row[0]) if row and row[0] else index)
+    return found
