@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from leasebox.delivery.providers import Email, Provider, derived_message_id, provider_from_url
+from leasebox.delivery.providers import Email, Provider, provider_from_url
 from leasebox.delivery.providers.development import LogProvider, NullProvider
 from leasebox.delivery.providers.http import HttpProvider
 from leasebox.delivery.providers.smtp import SmtpProvider
@@ -199,7 +199,7 @@ async def test_the_null_provider_accepts_with_a_deterministic_id() -> None:
     second = await provider.send(sample_email())
 
     assert first == second
-    assert first.provider_message_id == derived_message_id("otp:user-5:ch-2", "null")
+    assert first.provider_message_id == "null:otp:user-5:ch-2"
     assert await provider.check() is None
 
 

@@ -21,7 +21,7 @@ an acceptance into a failure (that would send it again).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from leasebox.delivery.providers.base import (
     REPLACEMENT,
@@ -37,8 +37,7 @@ from leasebox.delivery.retrying import Failure, classify
 MAX_MESSAGE_ID_LENGTH = 255
 
 
-@dataclass(frozen=True, slots=True)
-class Accepted:
+class Accepted(NamedTuple):
     """The provider took the message; its id (if usable) and what was wrong with the reply."""
 
     provider_message_id: str | None

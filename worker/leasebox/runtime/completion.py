@@ -166,10 +166,12 @@ class CompletionBatcher:
         self.given_up = 0
 
     def put(self, outcome: Outcome) -> None:
-        self._queue.append(outcome)
-        self._idle.clear()
-        self._ready.set()
-        if self._lingering and (len(self._queue) >= LINGER_BELOW or not self._in_flight()):
+        queue = self._queue
+        queue.append(outcome)
+        if len(queue) == 1:  # the first of a batch: the flusher may be waiting for it
+            self._idle.clear()
+            self._ready.set()
+        if self._lingering and (len(queue) >= LINGER_BELOW or not self._in_flight()):
             self._gathered.set()
 
     @property

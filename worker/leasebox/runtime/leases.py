@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
@@ -38,10 +38,10 @@ class Held:
     claimed_at: float
     deadline: float
     lost: bool = False
-    lease: LeaseRef = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.lease = self.message.lease
+    @property
+    def lease(self) -> LeaseRef:
+        return LeaseRef(self.message.id, self.message.lease_token)
 
 
 async def extend_due_leases(

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import conninfo
 from psycopg.types.array import ListBinaryDumper
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.connections import (
@@ -135,6 +136,8 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # The settling statements pass their batches as arrays: in the binary format, psycopg
     # packs each element instead of quoting it as text (a regex per element).
     conn.adapters.register_dumper(list, ListBinaryDumper)
+    # Lease tokens come back as text: the worker only compares them and sends them back.
+    conn.adapters.register_loader("uuid", TextLoader)
     # Timestamps come back in UTC, which psycopg loads several times faster than in a named
     # zone (a claim loads four per row). The same instants: the worker only compares them and
     # adds seconds to them, and its statements count time in seconds, never in days.

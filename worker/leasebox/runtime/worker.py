@@ -1,10 +1,12 @@
 """The worker runtime: claim under a lease, send with bounded concurrency, settle, repeat.
 
-One asyncio task claims: whenever fewer than `capacity` rows are held it claims up to a
-batch in one committed statement and queues the rows for `concurrency` sender tasks. When a
-claim comes back short, the queue is drained, and the claimer waits for a NOTIFY or the poll
-interval. Senders render, send, and hand the outcome to the `CompletionBatcher`, which
-settles rows in batches conditional on their lease tokens. Beside them run a lease keeper
+One asyncio task claims: whenever fewer than `capacity` rows are held unsent it claims up to
+a batch in one committed statement and hands the rows to `concurrency` sender tasks
+(`dispatching`). A row whose outcome is known waits only for its settling statement, so it
+does not count, up to a batch of them: the next batch is claimed while the last is settled.
+When a claim comes back short, the queue is drained, and the claimer waits for a NOTIFY or
+the poll interval. Senders render, send, and hand the outcome to the `CompletionBatcher`,
+which settles rows in batches conditional on their lease tokens. Beside them run a lease keeper
 (extends leases past half their time), a sweeper (reclaims other workers' expired leases,
 dead-letters expired OTPs) and a NOTIFY listener.
 
@@ -32,7 +34,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.connections import DATABASE_ERRORS, STATEMENT_TIMEOUT
 from leasebox.delivery.boundary import Accepted, send_once
-from leasebox.delivery.providers.base import Email, Provider, idempotency, reads_content
+from leasebox.delivery.providers.base import (
+    Email,
+    Provider,
+    idempotency,
+    new_email,
+    reads_content,
+)
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
     EXPIRED_CODE,
@@ -46,6 +54,7 @@ from leasebox.errors import PERMANENT
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
+from leasebox.runtime.dispatching import ReadyRows
 from leasebox.runtime.leases import Held
 from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
@@ -53,7 +62,7 @@ from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason
 from leasebox.store import claiming
 from leasebox.store.claiming import ClaimedMessage
-from leasebox.store.settling import Dead, Release, Retry, Sent
+from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
 
 log = logging.getLogger("leasebox.worker")
 
@@ -102,12 +111,15 @@ class Worker:
         self._provider = provider
         self._renderer = renderer
         self._reads_content = reads_content(provider)
+        self._provider_name = provider.name
         self._dsn = dsn
         self._cipher = cipher or default_cipher()
         self._clock = clock
         self._rng = rng
         self._held: dict[int, Held] = {}
-        self._queue: asyncio.Queue[Held | None] = asyncio.Queue()
+        # Held rows whose outcome the batcher has and has not written yet.
+        self._settling = 0
+        self._ready: ReadyRows[Held] = ReadyRows()
         self._room = asyncio.Event()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -231,12 +243,9 @@ class Worker:
         flusher: asyncio.Task[None],
     ) -> None:
         self._stop.set()
-        while not self._queue.empty():
-            held = self._queue.get_nowait()
-            if held is not None:
-                self._completions.put(Outcome(held.message, Release(held.lease)))
-        for _ in senders:
-            self._queue.put_nowait(None)
+        for held in self._ready.drain():
+            self._outcome(held, Release(held.lease))
+        self._ready.close()
         grace = self.settings.grace_seconds
         if any(not t.done() for t in senders):
             # All senders done, or a second stop request, or the grace period over.
@@ -278,7 +287,10 @@ class Worker:
         # for a handful of rows. Half a batch still leaves the senders a full queue.
         least = max(1, s.batch_size // 2)
         while not self._stop.is_set():
-            room = s.capacity - len(self._held)
+            # Rows whose outcome is known wait only for its statement: they hold no send slot,
+            # so the next batch is claimed while the last one is settled, up to a batch more.
+            held = len(self._held)
+            room = min(s.capacity - held + self._settling, s.capacity + s.batch_size - held)
             if room <= 0 or (backlog and room < least and self._held):
                 self._room.clear()
                 await self._until(self._room, None)
@@ -336,12 +348,10 @@ class Worker:
             )
         self.rounds["claim"] += 1
         deadline = started + s.lease_seconds
-        held_rows, queue = self._held, self._queue
-        for message in rows:
-            held = Held(message, started, deadline)
-            held_rows[message.id] = held
-            queue.put_nowait(held)
         if rows:
+            helds = [Held(message, started, deadline) for message in rows]
+            self._held.update(zip([message.id for message in rows], helds, strict=True))
+            self._ready.add(helds)
             self.metrics.claimed_rows(message.kind for message in rows)
         return rows
 
@@ -354,8 +364,15 @@ class Worker:
             for waiter in waiters:
                 waiter.cancel()
 
+    def _outcome(self, held: Held, action: Settlement) -> None:
+        """Hand a held row's outcome to the batcher; its send slot is free from now on."""
+        self._settling += 1
+        self._completions.put(Outcome(held.message, action))
+        self._room.set()
+
     def _settled(self, outbox_id: int) -> None:
-        self._held.pop(outbox_id, None)
+        if self._held.pop(outbox_id, None) is not None:
+            self._settling -= 1
         self._room.set()
 
     def _lease_deadline(self, outbox_id: int) -> float | None:
@@ -374,10 +391,10 @@ class Worker:
     # -- sending -----------------------------------------------------------------------------
 
     async def _send_loop(self) -> None:
-        queue = self._queue
+        ready = self._ready
         while True:
-            # A row already queued is taken at once, without the coroutine of `get()`.
-            held = queue.get_nowait() if queue.qsize() else await queue.get()
+            # A row already waiting is taken at once, without the coroutine of `take()`.
+            held = ready.take_nowait() or await ready.take()
             if held is None:
                 return
             await self._deliver(held)
@@ -387,10 +404,10 @@ class Worker:
         if self._stop.is_set() or held.lost or time.monotonic() >= held.deadline:
             if not self._stop.is_set():
                 log.warning("lease ran out before the send started", extra=message_fields(message))
-            self._completions.put(Outcome(message, Release(held.lease)))
+            self._outcome(held, Release(held.lease))
             return
-        if self._expired(held):
-            self._finish(
+        if message.expires_at is not None and self._expired(held):
+            self._outcome(
                 held,
                 Dead(held.lease, DeadReason.EXPIRED, "expired before it could be sent", "expired"),
             )
@@ -409,23 +426,22 @@ class Worker:
         try:
             outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
-            metrics.record_send(message.kind, self._provider.name, None, time.monotonic() - started)
-            self._completions.put(Outcome(message, Release(held.lease)))
+            metrics.record_send(message.kind, self._provider_name, None, time.monotonic() - started)
+            self._outcome(held, Release(held.lease))
             raise
         finally:
             metrics.sending -= 1
         elapsed = time.monotonic() - started
-        # A send refused as expired before it reached the wire made no provider request.
-        expired = isinstance(outcome, Failure) and outcome.code == EXPIRED_CODE
-        metrics.record_send(
-            message.kind, self._provider.name, None if expired else outcome.outcome, elapsed
-        )
         if isinstance(outcome, Accepted):
+            metrics.record_send(message.kind, self._provider_name, outcome.outcome, elapsed)
             for warning in outcome.warnings:
                 log.warning("accepted, but %s", warning, extra=message_fields(message))
-            self._finish(held, Sent(held.lease, outcome.provider_message_id))
-        else:
-            self._failed(held, outcome)
+            self._outcome(held, Sent(held.lease, outcome.provider_message_id))
+            return
+        # A send refused as expired before it reached the wire made no provider request.
+        made = None if outcome.code == EXPIRED_CODE else outcome.outcome
+        metrics.record_send(message.kind, self._provider_name, made, elapsed)
+        self._failed(held, outcome)
 
     def _expired(self, held: Held) -> bool:
         """Whether the row's `expires_at` has passed, on the database's clock: checked before
@@ -440,17 +456,17 @@ class Worker:
             rendered = self._renderer.render(message.template or "", message.data or {}, secrets)
         else:
             rendered = _NO_CONTENT
-        return Email(
-            outbox_id=message.id,
-            kind=message.kind,
-            aggregate_id=message.aggregate_id,
-            delivery_key=message.delivery_key,
-            recipient=message.recipient or "",
-            subject=rendered.subject,
-            text=rendered.text,
-            html=rendered.html,
-            attempt=message.attempts,
-            expired=lambda: self._expired(held),
+        return new_email(
+            message.id,
+            message.kind,
+            message.aggregate_id,
+            message.delivery_key,
+            message.recipient or "",
+            rendered.subject,
+            rendered.text,
+            rendered.html,
+            message.attempts,
+            lambda: self._expired(held),
         )
 
     def _db_now(self, held: Held) -> datetime:
@@ -479,10 +495,7 @@ class Worker:
             action = Dead(held.lease, DeadReason.ATTEMPTS_EXHAUSTED, failure.detail, failure.code)
         else:
             action = Dead(held.lease, failure.dead_reason, failure.detail, failure.code)
-        self._finish(held, action)
-
-    def _finish(self, held: Held, action: Sent | Retry | Dead) -> None:
-        self._completions.put(Outcome(held.message, action))
+        self._outcome(held, action)
 
     # -- leases, sweeps and wake-ups ---------------------------------------------------------
 

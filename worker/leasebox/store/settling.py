@@ -17,25 +17,22 @@ second copy the provider took, or the error). No extra round trip.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from leasebox.db.queries import DEFAULT_SCHEMA, query
 from leasebox.states import DeadReason
-from leasebox.store.claiming import Connection, LeaseRef
+from leasebox.store.claiming import Connection, LeaseRef, lease_keys
 
 
-@dataclass(frozen=True, slots=True)
-class Sent:
+class Sent(NamedTuple):
     """The provider accepted the message."""
 
     lease: LeaseRef
     provider_message_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Retry:
+class Retry(NamedTuple):
     """A transient failure: pending again after `delay_seconds`."""
 
     lease: LeaseRef
@@ -44,8 +41,7 @@ class Retry:
     error_class: str
 
 
-@dataclass(frozen=True, slots=True)
-class Dead:
+class Dead(NamedTuple):
     """A permanent failure, no attempts left, or expired: a dead letter with a reason."""
 
     lease: LeaseRef
@@ -54,8 +50,7 @@ class Dead:
     error_class: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
+class Release(NamedTuple):
     """Not sent (shutdown, or the lease ran out before the send began): ready again at once,
     with the claim's attempt given back."""
 
@@ -77,8 +72,7 @@ async def mark_sent(
     if not items:
         return {}
     params = {
-        "ids": [item.lease.id for item in items],
-        "tokens": [item.lease.token for item in items],
+        **lease_keys(item.lease for item in items),
         "provider_message_ids": [item.provider_message_id for item in items],
         "now": now,
         "worker_id": worker_id,
@@ -101,8 +95,7 @@ async def schedule_retry(
     if not items:
         return set()
     params = {
-        "ids": [item.lease.id for item in items],
-        "tokens": [item.lease.token for item in items],
+        **lease_keys(item.lease for item in items),
         "delays": [item.delay_seconds for item in items],
         "errors": [item.error for item in items],
         "error_classes": [item.error_class for item in items],
@@ -124,8 +117,7 @@ async def mark_dead(
     if not items:
         return set()
     params = {
-        "ids": [item.lease.id for item in items],
-        "tokens": [item.lease.token for item in items],
+        **lease_keys(item.lease for item in items),
         "reasons": [str(item.reason) for item in items],
         "errors": [item.error for item in items],
         "error_classes": [item.error_class for item in items],
@@ -147,8 +139,7 @@ async def release_leases(
     if not leases:
         return set()
     params = {
-        "ids": [lease.id for lease in leases],
-        "tokens": [lease.token for lease in leases],
+        **lease_keys(leases),
         "now": now,
         "worker_id": worker_id,
     }

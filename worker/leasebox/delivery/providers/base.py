@@ -72,6 +72,40 @@ class Email:
             raise MessageExpired()
 
 
+_new = object.__new__
+
+
+def new_email(
+    outbox_id: int,
+    kind: str,
+    aggregate_id: str | None,
+    delivery_key: str,
+    recipient: str,
+    subject: str,
+    text: str,
+    html: str | None,
+    attempt: int,
+    expired: Callable[[], bool] = _never,
+) -> Email:
+    """`Email(...)` as the worker builds one per send: the same value, made without the
+    frozen dataclass's `object.__setattr__` per field, which costs a worker sending tens of
+    thousands a second more than the rest of the send. Every field, in the class's order."""
+    email: Email = _new(Email)
+    email.__dict__.update(
+        outbox_id=outbox_id,
+        kind=kind,
+        aggregate_id=aggregate_id,
+        delivery_key=delivery_key,
+        recipient=recipient,
+        subject=subject,
+        text=text,
+        html=html,
+        attempt=attempt,
+        expired=expired,
+    )
+    return email
+
+
 @dataclass(frozen=True)
 class SendResult:
     """What the provider said when it accepted a message.

@@ -4,7 +4,7 @@
 may hold: outbox id, kind, delivery key and the recipient's domain; never the body, the
 subject or the code. `null://` accepts at once (or after `?delay=` seconds, to model a slow
 provider) so that a benchmark measures leasebox rather than a mail server. Both return a
-message id derived from the delivery key, so a repeated send reports the same id.
+message id made from the delivery key, so a repeated send reports the same id.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ class NullProvider:
     """Accepts every message without doing anything, optionally after a fixed delay.
 
     It never reads a message, so the worker does not render or decrypt for it: null://
-    measures the outbox machinery alone (claims, completions, metrics).
+    measures the outbox machinery alone (claims, completions, metrics). Its message id is
+    the delivery key itself (`null:<key>`): the same on every repeat, and nothing is sent
+    anywhere for a hash to keep the key out of.
     """
 
     name = "null"
@@ -80,7 +82,7 @@ class NullProvider:
         if self.delay:
             await asyncio.sleep(self.delay)
         self.sent += 1
-        return SendResult(provider_message_id=derived_message_id(email.delivery_key, "null"))
+        return SendResult("null:" + email.delivery_key)
 
     async def check(self) -> str | None:
         return None
