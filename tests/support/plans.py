@@ -9,7 +9,8 @@ when the relation holds rows.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, LiteralString, cast
 
 import psycopg
 from psycopg import sql
@@ -88,3 +89,35 @@ def indexes(conn: psycopg.Connection[Any], plan: Any, *, schema: str = "leasebox
             conn.rollback()
         found.add(str(row[0]) if row and row[0] else index)
     return found
+
+
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def generic_plan_of(
+    conn: psycopg.Connection[Any], statement: sql.Composable, params: dict[str, Any]
+) -> Any:
+    """The plan the worker runs `statement` with: its generic plan, the one a prepared
+    statement keeps under `plan_cache_mode = force_generic_plan` (the worker's setting),
+    which does not know the parameters' values. Rolls back."""
+    order: dict[str, int] = {}
+
+    def number(found: re.Match[str]) -> str:
+        return f"${order.setdefault(found.group(1), len(order) + 1)}"
+
+    text = _PARAMETER.sub(number, statement.as_string(conn))
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    # The text is the product's own statement with its placeholders numbered: literal SQL.
+    literal = sql.SQL(cast("LiteralString", text))  # type: ignore[redundant-cast]
+    prepare = sql.SQL("PREPARE leasebox_generic AS {}").format(literal)
+    conn.execute(prepare)
+    values = sql.SQL(", ").join(sql.Literal(params[name]) for name in order)
+    row = conn.execute(
+        sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE leasebox_generic({})").format(values)
+    ).fetchone()
+    conn.execute("DEALLOCATE leasebox_generic")
+    conn.execute("RESET plan_cache_mode")
+    if not conn.autocommit:
+        conn.rollback()
+    assert row is not None
+    return row[0][0]["Plan"]

@@ -17,7 +17,7 @@ from leasebox.store.dead_letters import DeadLetterFilter, purge_dead_letters
 from leasebox.store.pruning import prune
 from support.history import add_history, count_rows, histories
 from support.outbox_rows import insert_receipt
-from support.plans import analyze, full_scans, indexes, plan_of, reads
+from support.plans import analyze, full_scans, generic_plan_of, indexes, reads
 from support.worker_doubles import Insert
 
 WEEK = 7 * 86400
@@ -111,7 +111,8 @@ def seeded(db_conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 
 def plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> Any:
-    return plan_of(conn, query(name), params)
+    """The plan a worker runs the statement with (see `generic_plan_of`)."""
+    return generic_plan_of(conn, query(name), params)
 
 
 def held_leases(conn: psycopg.Connection[Any], count: int) -> tuple[list[int], list[Any]]:

@@ -138,6 +138,10 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     conn.adapters.register_dumper(list, ListBinaryDumper)
     # Lease tokens come back as text: the worker only compares them and sends them back.
     conn.adapters.register_loader("uuid", TextLoader)
+    # The worker's statements are prepared once and run thousands of times with parameters
+    # that never change their best plan; left to choose, PostgreSQL plans some of them anew
+    # for each run (a partitioned table makes a custom plan look cheaper than it is).
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
     # Timestamps come back in UTC, which psycopg loads several times faster than in a named
     # zone (a claim loads four per row). The same instants: the worker only compares them and
     # adds seconds to them, and its statements count time in seconds, never in days.

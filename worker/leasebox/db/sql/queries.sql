@@ -388,11 +388,11 @@ FROM claimed AS c
 ORDER BY c.available_at, c.id;
 
 -- fragment: held_by_the_batch
--- The queue rows of the batch `d` whose lease token still matches (the settling statements').
--- They are found by key (`id = ANY`): however many rows other workers hold, a batch reads
--- its own.
-WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = d.id AND q.lease_token = d.token
-  AND q.status = 'processing'
+-- The queue rows of the batch `d` whose lease token still matches (the settling statements'),
+-- each found by its key. A row holds a token exactly while it is `processing` (the queue's
+-- CHECK), so the token says it all, and no partial index of processing rows tempts the
+-- planner into reading every row other workers hold.
+WHERE q.id = d.id AND q.lease_token = d.token
 
 -- fragment: lost_leases
 -- The settling statements' batch rows whose lease no longer matched, with their message's
@@ -541,8 +541,7 @@ SET lease_expires_at = coalesce(%(now)s::timestamptz, now())
         + make_interval(secs => %(lease_seconds)s),
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS d(id, token)
-WHERE q.id = ANY(%(ids)s::bigint[]) AND q.id = d.id AND q.lease_token = d.token
-  AND q.status = 'processing'
+WHERE q.id = d.id AND q.lease_token = d.token
 RETURNING q.id, q.lease_expires_at;
 
 -- name: release_leases

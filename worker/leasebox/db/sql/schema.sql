@@ -78,7 +78,9 @@ CREATE TABLE {schema}.queue (
     last_error_class text,
     dead_reason text,
     created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    -- A row holds a lease token exactly while it is processing: settling matches on the token.
+    CHECK ((status = 'processing') = (lease_token IS NOT NULL))
 ) WITH (
     fillfactor = 80,
     autovacuum_vacuum_scale_factor = 0.02,

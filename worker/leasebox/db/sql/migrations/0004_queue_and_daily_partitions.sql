@@ -78,7 +78,8 @@ CREATE TABLE {schema}.queue (
     last_error_class text,
     dead_reason text,
     created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CHECK ((status = 'processing') = (lease_token IS NOT NULL))
 ) WITH (
     fillfactor = 80,
     autovacuum_vacuum_scale_factor = 0.02,
@@ -204,9 +205,12 @@ INSERT INTO {schema}.queue
     (id, bucket, kind, aggregate_id, delivery_key, status, attempts, max_attempts,
      available_at, expires_at, lease_token, lease_expires_at, leased_by, last_error,
      last_error_class, dead_reason, created_at, updated_at)
-SELECT id, (created_at AT TIME ZONE 'UTC')::date, kind, aggregate_id, delivery_key, status,
-       attempts, max_attempts, available_at, expires_at, lease_token, lease_expires_at,
-       leased_by, last_error, last_error_class, dead_reason, created_at, updated_at
+SELECT id, (created_at AT TIME ZONE 'UTC')::date, kind, aggregate_id, delivery_key,
+       -- A lease without a token could never be settled: its row is ready again.
+       CASE WHEN status = 'processing' AND lease_token IS NULL THEN 'pending' ELSE status END,
+       attempts, max_attempts, available_at, expires_at,
+       CASE WHEN status = 'processing' THEN lease_token END, lease_expires_at, leased_by,
+       last_error, last_error_class, dead_reason, created_at, updated_at
 FROM {schema}.outbox_0003
 WHERE status <> 'sent';
 
