@@ -82,6 +82,21 @@ def test_a_receipt_replaced_after_its_expiry_starts_counting_again(
     assert bookkeeping(db_conn, "k1") == (0, True, False)
 
 
+def test_a_receipt_a_batch_writes_over_an_expired_one_starts_counting_again(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
+    enqueue(db_conn, otp(), idempotency_key="k1", scope="login")
+    db_conn.execute("UPDATE leasebox.receipts SET expires_at = now() - interval '1 second'")
+    db_conn.commit()
+    [fresh] = enqueue_many(db_conn, [otp()], idempotency_keys=["k1"], scope="login")
+    db_conn.commit()
+    assert not fresh.reused
+    assert bookkeeping(db_conn, "k1") == (0, True, False)
+    row = db_conn.execute("SELECT count(*), max(outbox_id) FROM leasebox.receipts").fetchone()
+    assert row == (1, fresh.outbox_id)
+
+
 def test_a_batch_counts_the_reuses_of_its_receipts(db_conn: psycopg.Connection[Any]) -> None:
     enqueue_many(db_conn, [otp(), otp("bob@example.com")], idempotency_keys=["a", "b"])
     db_conn.commit()

@@ -25,7 +25,7 @@ from leasebox.errors import DatabaseError, IdempotencyConflict
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
-from leasebox.producer.plan import Plan, Step, run, run_async
+from leasebox.producer.plan import Plan, Step, one, run, run_async
 
 __all__ = ["DEFAULT_RECEIPT_TTL_SECONDS", "enqueue", "enqueue_async"]
 
@@ -46,13 +46,12 @@ def _plan(
     # Serialise requests with the same idempotency key, then with the same delivery key (in
     # this order, before the guard's locks, so that no two producers wait in a cycle): a
     # statement that runs after a lock sees the row its holder committed.
-    locks: list[tuple[str, dict[str, Any]]] = []
+    keys: list[str] = []
     if idempotency_key is not None:
-        locks.append(
-            ("lock_key", {"key": f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}"})
-        )
+        keys.append(f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}")
     if explicit_key is not None:
-        locks.append(("lock_key", {"key": f"leasebox.delivery\x1f{explicit_key}"}))
+        keys.append(f"leasebox.delivery\x1f{explicit_key}")
+    locks = [("lock_key", {"key": key}) for key in keys]
     if guard is not None:
         # A request that reuses its receipt or its row is no new send and never counts.
         reuses_row = False
@@ -114,8 +113,10 @@ def _plan(
         "idempotency_key": idempotency_key,
         "request_hash": fingerprint,
         "ttl_seconds": receipt_ttl_seconds,
+        # Taken by the statement itself, first, unless an earlier step took them.
+        "locks": keys if locks else [],
     }
-    row = yield Step((*locks, ("enqueue", write)))
+    row = yield one("enqueue", write)
     if row is None:
         # Under the delivery-key lock the statement sees every row its ON CONFLICT waited
         # for; only a row written concurrently without the lock (by hand) can hide from it.

@@ -17,7 +17,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, LargeBinary, Text, bindparam, text
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -41,6 +41,8 @@ def _bind_type(value: object) -> TypeEngine[Any] | None:
 
     None stays untyped: PostgreSQL infers the parameter's type from where it is used.
     """
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return ARRAY(Text())  # keys, such as the advisory locks a statement takes
     if isinstance(value, Jsonb | dict | list):
         return JSONB()
     if isinstance(value, bool):

@@ -83,70 +83,34 @@ WHERE {schema}.receipts.expires_at <= now()
 
 -- name: enqueue
 -- Write one logical send: reuse a live receipt, else the message and its receipt.
--- One statement per logical send: reuse a live receipt, else write the message (a message
--- with the same explicit delivery key and the same content is the same send; with another
--- content it is a conflict, and no receipt is written) and record the receipt. `source` says
--- which happened. Callers hold the advisory locks of the idempotency key and of an explicit
--- delivery key, so this statement's snapshot sees what a previous holder committed; a
--- delivery key the producer made up (`explicit_key` false) is new by construction.
--- A live receipt reused by the same request counts the reuse (`touched`); a receipt written
--- or replaced after its expiry starts again at zero.
-WITH found AS (
-    -- include: live_receipt
-),
-touched AS (
-    -- include: receipt_reused
-),
-existing AS (
-    SELECT o.id, o.bucket, o.delivery_key,
-           (o.message_hash IS NULL OR o.message_hash = %(message_hash)s) AS same
-    FROM {schema}.outbox AS o
-    WHERE %(explicit_key)s AND o.delivery_key = %(delivery_key)s
-      AND NOT EXISTS (SELECT FROM found)
-    LIMIT 1
-),
-inserted AS (
-    INSERT INTO {schema}.outbox
-        (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash, template,
-         data, secrets, delivery_key, max_attempts, expires_at)
-    SELECT (now() AT TIME ZONE 'UTC')::date, %(kind)s, %(aggregate_id)s, %(recipient)s,
-           %(recipient_key)s, %(scope)s, %(message_hash)s, %(template)s, %(data)s,
-           %(secrets)s, %(delivery_key)s, %(max_attempts)s, %(expires_at)s
-    WHERE NOT EXISTS (SELECT FROM found) AND NOT EXISTS (SELECT FROM existing)
-    ON CONFLICT (delivery_key, bucket) DO NOTHING
-    RETURNING id, bucket, kind, aggregate_id, delivery_key, max_attempts, expires_at, created_at
-),
-queued AS (
-    INSERT INTO {schema}.queue
-        (id, bucket, kind, aggregate_id, delivery_key, max_attempts, available_at, expires_at,
-         created_at, updated_at)
-    SELECT id, bucket, kind, aggregate_id, delivery_key, max_attempts,
-           coalesce(%(available_at)s::timestamptz, created_at), expires_at, created_at,
-           created_at
-    FROM inserted
-),
-chosen AS (
-    SELECT 'inserted' AS source, id, bucket, delivery_key FROM inserted
-    UNION ALL
-    SELECT 'existing', id, bucket, delivery_key FROM existing WHERE same
-),
-receipt AS (
-    INSERT INTO {schema}.receipts
-        (scope, idempotency_key, bucket, request_hash, outbox_id, outbox_bucket, expires_at,
-         last_seen_at)
-    SELECT %(scope)s, %(idempotency_key)s,
-           ((now() + make_interval(secs => %(ttl_seconds)s)) AT TIME ZONE 'UTC')::date,
-           %(request_hash)s, chosen.id, chosen.bucket,
-           now() + make_interval(secs => %(ttl_seconds)s), now()
-    FROM chosen
-    WHERE %(idempotency_key)s::text IS NOT NULL
-    -- include: expired_receipt_replaced
-)
-SELECT 'receipt' AS source, outbox_id, delivery_key, request_hash FROM found
-UNION ALL
-SELECT source, id, delivery_key, NULL FROM chosen
-UNION ALL
-SELECT 'conflict', id, delivery_key, NULL FROM existing WHERE NOT same;
+-- `enqueue_message` (schema.sql) takes the locks in `locks` (the receipt's key, then an
+-- explicit delivery key, unless the caller took them already), then does what `source`
+-- says: `receipt` (a live receipt of the key; the caller compares its request hash),
+-- `existing` (the message under the explicit delivery key, the same message), `conflict`
+-- (another message under it), or `inserted`. No row: a row with that delivery key was
+-- written concurrently without the lock. Arguments are cast, so that any driver's
+-- parameter types find the function.
+SELECT source, outbox_id, delivery_key, request_hash
+FROM {schema}.enqueue_message(
+    p_kind => %(kind)s::text,
+    p_aggregate_id => %(aggregate_id)s::text,
+    p_recipient => %(recipient)s::text,
+    p_recipient_key => %(recipient_key)s::text,
+    p_scope => %(scope)s::text,
+    p_message_hash => %(message_hash)s::text,
+    p_template => %(template)s::text,
+    p_data => %(data)s::jsonb,
+    p_secrets => %(secrets)s::bytea,
+    p_delivery_key => %(delivery_key)s::text,
+    p_explicit_key => %(explicit_key)s::boolean,
+    p_max_attempts => %(max_attempts)s::integer,
+    p_available_at => %(available_at)s::timestamptz,
+    p_expires_at => %(expires_at)s::timestamptz,
+    p_idempotency_key => %(idempotency_key)s::text,
+    p_request_hash => %(request_hash)s::text,
+    p_ttl_seconds => %(ttl_seconds)s::float8,
+    p_locks => %(locks)s::text[]
+);
 
 -- name: lock_keys
 -- Serialise callers on many keys until the end of the transaction: receipts first, in one order.
