@@ -237,3 +237,41 @@ def test_a_rendered_email_keeps_its_content_out_of_its_repr(renderer: TemplateRe
     assert CODE in email.text
     assert CODE not in repr(email)
     assert "verification code" not in repr(email)
+
+
+def test_every_built_in_email_keeps_its_lines_short_enough_to_travel_as_7bit(
+    renderer: TemplateRenderer,
+) -> None:
+    # A link longer than a line goes quoted-printable, whatever the template does with it.
+    data = {"name": "Ada Lovelace", "minutes_valid": 10, "product_name": "Example"}
+    variables = {"code": CODE, "link": "https://example.com/v/t0k3n", "inviter": "Grace"}
+
+    for template in BUILTIN_TEMPLATES:
+        email = renderer.render(template, data, variables)
+        assert email.html is not None
+        for line in (*email.text.splitlines(), *email.html.splitlines()):
+            assert len(line) <= 78, (template, line)
+
+
+def test_the_html_title_heads_the_page_names_the_article_and_is_the_heading(
+    renderer: TemplateRenderer,
+) -> None:
+    email = renderer.render("otp", {}, {"code": CODE})
+
+    assert email.html is not None
+    assert "<title>Your verification code</title>" in email.html
+    assert 'aria-label="Your verification code"' in email.html
+    assert ">Your verification code</h1>" in email.html
+
+
+def test_one_message_leaves_nothing_of_itself_in_the_next(renderer: TemplateRenderer) -> None:
+    first = renderer.render("otp", {"name": "Ada", "product_name": "Acme"}, {"code": CODE})
+    second = renderer.render("otp", {}, {"code": "135790"})
+
+    assert "Ada" in first.text
+    assert "Acme" in first.subject
+    assert second.html is not None
+    for part in (second.subject, second.text, second.html):
+        assert "Ada" not in part
+        assert "Acme" not in part
+        assert CODE not in part

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -17,14 +17,19 @@ from leasebox.delivery.providers import (
     provider_from_url,
 )
 from leasebox.delivery.providers.smtp import SmtpProvider
-from leasebox.errors import AmbiguousProviderError
+from leasebox.errors import AmbiguousProviderError, MessageExpired
 from leasebox.testing.ports import free_port
 from support.mail_servers import SMTP_PASSWORD, SMTP_USER, SmtpServer
 
 CODE = "482913"
 
 
-def email(recipient: str = "ada@example.com", key: str = "otp:user-1:c1", n: int = 1) -> Email:
+def email(
+    recipient: str = "ada@example.com",
+    key: str = "otp:user-1:c1",
+    n: int = 1,
+    expired: Callable[[], bool] = lambda: False,
+) -> Email:
     return Email(
         outbox_id=n,
         kind="otp",
@@ -35,6 +40,7 @@ def email(recipient: str = "ada@example.com", key: str = "otp:user-1:c1", n: int
         text=f"Your code is {CODE}.\n",
         html=f"<p>Your code is <b>{CODE}</b>.</p>",
         attempt=1,
+        expired=expired,
     )
 
 
@@ -333,3 +339,29 @@ async def test_a_closed_provider_refuses_to_send(provider: SmtpProvider) -> None
     with pytest.raises(TransientProviderError):
         await provider.send(email())
     assert await provider.check() == "the SMTP provider is closed"
+
+
+async def test_an_expired_otp_opens_no_envelope(
+    provider: SmtpProvider, smtp_server: SmtpServer
+) -> None:
+    with pytest.raises(MessageExpired):
+        await provider.send(email(expired=lambda: True))
+    await provider.send(email(key="otp:user-1:c2"))
+
+    assert smtp_server.handler.senders == ["no-reply@example.com"]  # the second message's
+    assert len(smtp_server.handler.delivered) == 1
+
+
+async def test_an_otp_that_expires_while_its_envelope_is_answered_is_never_written(
+    provider: SmtpProvider, smtp_server: SmtpServer
+) -> None:
+    def expired_once_the_server_has_the_recipient() -> bool:
+        return bool(smtp_server.handler.recipients)
+
+    with pytest.raises(MessageExpired):
+        await provider.send(email(expired=expired_once_the_server_has_the_recipient))
+    smtp_server.handler.recipients.clear()
+    await provider.send(email(key="otp:user-1:c2"))
+
+    [delivered] = smtp_server.handler.delivered
+    assert delivered.message["X-Leasebox-Delivery-Key"] == "otp:user-1:c2"

@@ -7,7 +7,9 @@ connection before its `250`, stall before answering, answer with NUL bytes, inva
 or a megabyte-long line, defer in bursts. It runs on a thread of its own (so that a
 synchronous test and a worker process can use it) and records, per delivery key, every copy
 it *took*: each message received in full and then accepted or dropped without an answer,
-which is what the recipient's mailbox would get. Refused messages are counted apart.
+which is what the recipient's mailbox would get. Refused messages are counted apart. With
+`Script.pipelining` it offers PIPELINING, and reads a pipelined envelope line by line as it
+would read one command at a time.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Script:
     """`reply(delivery_key, nth)` picks what to do with the nth copy (1-based) of a key."""
 
     reply: Callable[[str, int], str] = lambda key, nth: ACCEPT
+    pipelining: bool = False
     slow_seconds: float = 2.0
     raw: bytes = b"250 OK\r\n"
     release: threading.Event = field(default_factory=threading.Event)
@@ -100,7 +103,8 @@ class HostileSmtpServer:
                 return
             verb = line[:4].upper()
             if verb in (b"EHLO", b"HELO"):
-                writer.write(b"250-hostile.test\r\n250 8BITMIME\r\n")
+                offer = b"250-PIPELINING\r\n" if self.script.pipelining else b""
+                writer.write(b"250-hostile.test\r\n" + offer + b"250 8BITMIME\r\n")
             elif verb in (b"MAIL", b"RCPT", b"RSET", b"NOOP"):
                 writer.write(b"250 OK\r\n")
             elif verb == b"QUIT":

@@ -40,7 +40,7 @@ class Delivered:
     mail_from: str
     rcpt_tos: list[str]
     message: EmailMessage
-    session_id: int
+    session_id: int  # numbered by the handler: `id()` of a session may be reused once it ends
     mail_options: list[str] = field(default_factory=list)
     octets: int = 0  # the message's size as received, CRLF line ends included
 
@@ -52,10 +52,22 @@ class RecordingHandler:
     delivered: list[Delivered] = field(default_factory=list)
     drop_after_data: bool = False
     slow_seconds: float = 1.0
+    senders: list[str] = field(default_factory=list)  # every MAIL FROM, accepted or not
+    recipients: list[str] = field(default_factory=list)  # every RCPT TO, accepted or not
+    sessions: int = 0
+
+    def session_number(self, session: Any) -> int:
+        """The number of `session` among the sessions this handler has seen (from 1)."""
+        number = getattr(session, "leasebox_number", None)
+        if number is None:
+            self.sessions += 1
+            number = session.leasebox_number = self.sessions
+        return int(number)
 
     async def handle_MAIL(
         self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
     ) -> str:
+        self.senders.append(address)
         if address.startswith("bounce553@"):
             return "553 5.1.8 <bounce553@example.com>: sender address rejected"
         envelope.mail_from = address
@@ -65,6 +77,7 @@ class RecordingHandler:
     async def handle_RCPT(
         self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
     ) -> str:
+        self.recipients.append(address)
         local = address.partition("@")[0]
         if local == "reject550":
             return f"550 5.1.1 <{address}>: Recipient address rejected: user unknown"
@@ -90,7 +103,7 @@ class RecordingHandler:
                 envelope.mail_from,
                 list(envelope.rcpt_tos),
                 parsed,
-                id(session),
+                self.session_number(session),
                 list(envelope.mail_options),
                 len(envelope.original_content),
             )

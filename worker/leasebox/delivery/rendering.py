@@ -43,6 +43,15 @@ class RenderedEmail:
     html: str | None = field(repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class _Files:
+    """The compiled files of one template."""
+
+    subject: jinja2.Template
+    text: jinja2.Template
+    html: jinja2.Template | None
+
+
 def _environment(loader: jinja2.BaseLoader, *, autoescape: bool) -> jinja2.Environment:
     # Plain-text bodies are not HTML: escaping would turn "O'Brien" into "O&#39;Brien".
     return jinja2.Environment(
@@ -53,11 +62,19 @@ def _environment(loader: jinja2.BaseLoader, *, autoescape: bool) -> jinja2.Envir
         lstrip_blocks=True,
         keep_trailing_newline=True,
         auto_reload=False,
+        # Unbounded (a plain dict): templates are files of one directory, and Jinja's LRU
+        # cache pays a lock and a linear scan of its queue on every lookup.
+        cache_size=-1,
     )
 
 
 class TemplateRenderer:
-    """Renders templates from `templates_dir` first, then from the built-ins."""
+    """Renders templates from `templates_dir` first, then from the built-ins.
+
+    A template's files are compiled once, on first use. Each message's variables make one
+    dictionary, beside Jinja's globals, that the subject, text and HTML contexts share
+    (`Template.render` would copy the globals and the variables into a new one per file).
+    """
 
     def __init__(self, templates_dir: Path | None = None) -> None:
         if templates_dir is not None and not templates_dir.is_dir():
@@ -69,6 +86,8 @@ class TemplateRenderer:
         loader = jinja2.FileSystemLoader([str(path) for path in search])
         self._text = _environment(loader, autoescape=False)
         self._html = _environment(loader, autoescape=True)
+        self._globals = dict(self._text.globals)
+        self._files: dict[str, _Files] = {}
 
     def __repr__(self) -> str:
         return f"TemplateRenderer(templates_dir={self.templates_dir!r})"
@@ -77,13 +96,13 @@ class TemplateRenderer:
         self, template: str, data: Mapping[str, Any], secrets: Mapping[str, str]
     ) -> RenderedEmail:
         """Subject, text and HTML of `template`; secrets and data share one namespace."""
-        if not _TEMPLATE_NAME.fullmatch(template):
-            raise TemplateError(f"template name {template!r} is not valid")
-        context: dict[str, Any] = {**data, **secrets}
-        subject = self._render(self._text, self._load(self._text, template, SUBJECT_FILE), context)
-        text = self._render(self._text, self._load(self._text, template, TEXT_FILE), context)
-        html_template = self._load(self._html, template, HTML_FILE, required=False)
-        html = None if html_template is None else self._render(self._html, html_template, context)
+        files = self._files.get(template)
+        if files is None:
+            files = self._compile(template)
+        context: dict[str, Any] = {**self._globals, **data, **secrets}
+        subject = self._render(self._text, files.subject, context)
+        text = self._render(self._text, files.text, context)
+        html = None if files.html is None else self._render(self._html, files.html, context)
         # A subject is one header line; a newline in it would start a new header.
         return RenderedEmail(subject=" ".join(subject.split()), text=text, html=html)
 
@@ -95,6 +114,17 @@ class TemplateRenderer:
         except TemplateError:
             return False
         return True
+
+    def _compile(self, template: str) -> _Files:
+        if not _TEMPLATE_NAME.fullmatch(template):
+            raise TemplateError(f"template name {template!r} is not valid")
+        files = _Files(
+            subject=self._load(self._text, template, SUBJECT_FILE),
+            text=self._load(self._text, template, TEXT_FILE),
+            html=self._load(self._html, template, HTML_FILE, required=False),
+        )
+        self._files[template] = files
+        return files
 
     @overload
     @staticmethod
@@ -125,10 +155,13 @@ class TemplateRenderer:
 
     @staticmethod
     def _render(
-        environment: jinja2.Environment, compiled: jinja2.Template, context: Mapping[str, Any]
+        environment: jinja2.Environment, compiled: jinja2.Template, context: dict[str, Any]
     ) -> str:
         try:
-            return compiled.render(context)
+            # What `compiled.render(context)` does, on the shared variables instead of a copy
+            # (and without walking the template's chain of globals, which they hold already).
+            scope = environment.context_class(environment, context, compiled.name, compiled.blocks)
+            return "".join(compiled.root_render_func(scope))
         except jinja2.UndefinedError as exc:
             name = _missing_variable(exc, _source_names(environment, compiled), context)
             if name is not None:

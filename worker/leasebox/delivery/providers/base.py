@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -297,3 +298,69 @@ async def acquire_slot(slots: asyncio.Semaphore, within: float, target: str) -> 
         raise TransientProviderError(
             "pool_timeout", f"no connection to {target} came free within {within:g}s"
         ) from None
+
+
+class Slots:
+    """A provider's connection slots, handed out in the order asked for, each wait bounded.
+
+    What `acquire_slot` does around an `asyncio.Semaphore`, for a provider that sends
+    thousands of messages a second through a saturated pool: there, a timeout per wait (a
+    `Timeout`, a timer and its heap pushes) cost more than the rest of the wait. The waits
+    here share one timer: they come in order and last as long, so the oldest deadline is the
+    next, and the timer moves on to the next waiter's only when it fires.
+    """
+
+    def __init__(self, size: int, within: float, target: str) -> None:
+        self._free = size
+        self._within = within
+        self._target = target
+        self._waiters: deque[tuple[float, asyncio.Future[bool]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def locked(self) -> bool:
+        """Whether every slot is taken."""
+        return self._free == 0
+
+    async def acquire(self) -> None:
+        """A slot within `within` seconds, else a transient `pool_timeout` (nothing was sent):
+        a saturated pool never holds a message past the provider timeout."""
+        if self._free:
+            self._free -= 1
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        deadline = loop.time() + self._within
+        self._waiters.append((deadline, waiter))
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
+        try:
+            taken = await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed a slot as it was cancelled
+                self.release()
+            raise
+        if not taken:
+            raise TransientProviderError(
+                "pool_timeout",
+                f"no connection to {self._target} came free within {self._within:g}s",
+            )
+
+    def release(self) -> None:
+        """Give a slot back: to the oldest waiter still waiting, if there is one."""
+        while self._waiters:
+            _, waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+        self._free += 1
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        waiters = self._waiters
+        while waiters and (waiters[0][1].done() or waiters[0][0] <= now):
+            _, waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
+        if waiters:
+            self._timer = asyncio.get_running_loop().call_at(waiters[0][0], self._expire)

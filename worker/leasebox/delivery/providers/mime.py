@@ -31,6 +31,9 @@ from functools import lru_cache
 from leasebox.delivery.providers.base import Email, derived_message_id
 
 MAX_LINE = 78
+# What a 7bit body may hold: printable ASCII, tabs and line ends (control characters are
+# left to quoted-printable).
+_SEVEN_BIT = bytes(range(0x20, 0x7F)) + b"\t\r\n"
 # The longest payload of an encoded-word: 75 characters less `=?utf-8?b?` and `?=` is 63,
 # and base64 turns 45 bytes into 60 characters.
 _WORD_BYTES = 45
@@ -118,28 +121,34 @@ def _date(now: datetime | None) -> str:
 _DATES: dict[int, str] = {}
 
 
-def _body(text: str) -> tuple[str, str]:
-    """(transfer encoding, encoded body with CRLF line ends and a final line end)."""
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if text.isascii() and all(len(line) <= MAX_LINE for line in lines) and _printable(lines):
-        return "7bit", "".join(f"{line}\r\n" for line in lines)
-    data = "\n".join(lines).encode("utf-8", "replace") + b"\n"
-    encoded = binascii.b2a_qp(data, quotetabs=False, istext=True, header=False)
-    return "quoted-printable", encoded.decode("ascii").replace("\n", "\r\n")
+def _body(text: str) -> tuple[str, bytes]:
+    """(transfer encoding, the body in wire form: CRLF line ends and a final line end)."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if text and text[-1] != "\n":
+        text += "\n"
+    if text.isascii():
+        wire = text.replace("\n", "\r\n").encode("ascii")
+        if _short_lines(text) and not wire.translate(None, _SEVEN_BIT):
+            return "7bit", wire
+    else:
+        wire = text.replace("\n", "\r\n").encode("utf-8", "replace")
+    # With CRLF line ends in, b2a_qp writes CRLF line ends (soft breaks too) out.
+    return "quoted-printable", binascii.b2a_qp(wire, quotetabs=False, istext=True, header=False)
 
 
-def _printable(lines: list[str]) -> bool:
-    # Tabs are fine in a 7bit body; other control characters are left to quoted-printable.
-    return all(line.replace("\t", " ").isprintable() for line in lines)
+def _short_lines(text: str) -> bool:
+    return max(map(len, text.split("\n"))) <= MAX_LINE
 
 
-def _part_headers(subtype: str, encoding: str) -> str:
-    return (
+_PART_HEADERS = {
+    (subtype, encoding): (
         f'Content-Type: text/{subtype}; charset="utf-8"\r\n'
-        f"Content-Transfer-Encoding: {encoding}\r\n"
-    )
+        f"Content-Transfer-Encoding: {encoding}\r\n\r\n"
+    ).encode("ascii")
+    for subtype in ("plain", "html")
+    for encoding in ("7bit", "quoted-printable")
+}
 
 
 def build_mime(
@@ -167,25 +176,24 @@ def build_mime(
         "MIME-Version: 1.0",
     ]
     text_encoding, text = _body(email.text)
+    top = ("\r\n".join(head) + "\r\n").encode("ascii")
     if email.html is None:
-        return (
-            "\r\n".join(head) + "\r\n" + _part_headers("plain", text_encoding) + "\r\n" + text
-        ).encode("ascii")
+        return top + _PART_HEADERS["plain", text_encoding] + text
     html_encoding, html = _body(email.html)
-    boundary = f"=_{secrets.token_hex(16)}"
+    boundary = f"=_{secrets.token_hex(16)}".encode("ascii")
     while boundary in text or boundary in html:  # only a 7bit part could hold it
-        boundary = f"=_{secrets.token_hex(16)}"
-    return (
-        "\r\n".join(head)
-        + f'\r\nContent-Type: multipart/alternative;\r\n boundary="{boundary}"\r\n\r\n'
-        + f"--{boundary}\r\n"
-        + _part_headers("plain", text_encoding)
-        + "\r\n"
-        + text
-        # The line end before a boundary belongs to the boundary (RFC 2046), not the part.
-        + f"\r\n--{boundary}\r\n"
-        + _part_headers("html", html_encoding)
-        + "\r\n"
-        + html
-        + f"\r\n--{boundary}--\r\n"
-    ).encode("ascii")
+        boundary = f"=_{secrets.token_hex(16)}".encode("ascii")
+    return b"".join(
+        (
+            top,
+            b'Content-Type: multipart/alternative;\r\n boundary="%s"\r\n\r\n--%s\r\n'
+            % (boundary, boundary),
+            _PART_HEADERS["plain", text_encoding],
+            text,
+            # The line end before a boundary belongs to the boundary (RFC 2046), not the part.
+            b"\r\n--%s\r\n" % boundary,
+            _PART_HEADERS["html", html_encoding],
+            html,
+            b"\r\n--%s--\r\n" % boundary,
+        )
+    )

@@ -2,49 +2,60 @@
 
 The worker runs many sends at once, so the provider keeps a small pool of authenticated
 connections (`pool_size`, default 8) instead of paying connect + EHLO + STARTTLS + AUTH per
-message. Replies map onto the worker's outcomes: 4xx, timeouts and connection failures are
-transient, 5xx permanent. Failing to *connect* during a send is always transient, because a
-rotated password or a broken certificate is not the message's fault and must not
-dead-letter the queue.
+message. aiosmtplib opens each connection; the mail transactions on it are spoken by
+`smtp_wire`, lean enough for thousands of messages a second, and pipelined when the server
+offers PIPELINING. Replies map onto the worker's outcomes: 4xx, timeouts and connection
+failures are transient, 5xx permanent. Failing to *connect* during a send is always
+transient, because a rotated password or a broken certificate is not the message's fault and
+must not dead-letter the queue.
 
-Where a connection breaks decides what may happen next. Before DATA (an idle connection the
-server closed, found out at MAIL FROM) nothing was sent, so the message is tried once more on
-a fresh connection. From DATA on, the server may hold the whole message: a connection lost
-(or a reply that never came) then is *ambiguous*, `AmbiguousProviderError`, and the message
-is never sent again within this attempt; the worker's next attempt carries the same
-Message-ID, by which receiving systems drop a duplicate.
+Where a connection breaks decides what may happen next. Before the message's first byte (an
+idle connection the server closed, found out at MAIL FROM) nothing was sent, so the message
+is tried once more on a fresh connection. Once the message is on its way (after the 354 that
+answers DATA), the server may hold all of it: a connection lost (or a reply that never came
+or cannot be read) then is *ambiguous*, `AmbiguousProviderError`, and the message is never
+sent again within this attempt; the worker's next attempt carries the same Message-ID, by
+which receiving systems drop a duplicate. A refused step resets the envelope (RSET), so that
+the pooled connection serves the next message.
 
 Waiting for a free connection is bounded by the timeout, and the message's expiry is checked
-again right before DATA, after every wait (for the pool, the connection, the envelope): an
-OTP that expired meanwhile is never written to the wire.
+after every wait: once the connection is ours, before the envelope, and again right before
+the message's first byte (after the replies to MAIL, RCPT and DATA). An OTP that expired
+meanwhile is never written to the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.headerregistry import Address
 from email.utils import parseaddr
 from functools import lru_cache
 
 import aiosmtplib
-from aiosmtplib.typing import Default
 
 from leasebox.delivery.providers.base import (
     Email,
     SendResult,
-    acquire_slot,
+    Slots,
     derived_message_id,
     one_line,
 )
 from leasebox.delivery.providers.mime import build_mime
+from leasebox.delivery.providers.smtp_wire import (
+    RCPT,
+    ConnectionLost,
+    Refused,
+    ReplyTimeout,
+    SmtpWire,
+    WireError,
+)
 from leasebox.delivery.providers.urls import ProviderUrl, parse_provider_url
 from leasebox.errors import (
     AmbiguousProviderError,
     ConfigurationError,
-    MessageExpired,
     PermanentProviderError,
     ProviderError,
     TransientProviderError,
@@ -58,61 +69,7 @@ _CONNECTION_ERRORS = (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPConnectE
 
 
 class _Disconnected(Exception):
-    """The connection broke before DATA: nothing of the message was sent."""
-
-
-def _nothing_to_check() -> None:
-    return None
-
-
-async def _reset(client: aiosmtplib.SMTP) -> None:
-    """End the open envelope (MAIL, RCPT) so that the connection serves the next send."""
-    try:
-        await client.rset()
-    except (aiosmtplib.SMTPException, OSError):
-        client.close()
-
-
-class _Client(aiosmtplib.SMTP):
-    """aiosmtplib's client, knowing whether the message itself has begun (DATA was sent).
-
-    `before_data` runs right before DATA: the last moment at which not sending is certain.
-    """
-
-    data_started = False
-    before_data: Callable[[], None] = staticmethod(_nothing_to_check)
-
-    async def transaction(self, sender: str, recipient: str, message: bytes) -> None:
-        """One mail transaction (MAIL, RCPT, DATA) for one recipient, the envelope reset
-        when the server refuses any step.
-
-        `sendmail` does the same for any message, at a cost per message that a worker
-        sending thousands a second notices: it parses both addresses twice and, to announce
-        the size, converts the whole message's line ends once more than DATA does. Here
-        the message is already in its wire form (`build_mime`: CRLF line ends, a final
-        CRLF), so its size is its length, and each address is parsed once, by MAIL or RCPT,
-        which also refuse one that cannot be written on a command line.
-        """
-        options = [f"SIZE={len(message)}"] if self.supports_extension("size") else []
-        try:
-            await self.mail(sender, options=options)
-            await self.rcpt(recipient)
-            await self.data(message)
-        except aiosmtplib.SMTPResponseException as exc:
-            if self.is_connected and 200 <= exc.code < 600:
-                await _reset(self)
-            raise
-
-    async def data(
-        self,
-        message: str | bytes,
-        /,
-        *,
-        timeout: float | Default | None = Default.token,  # noqa: ASYNC109 - aiosmtplib's own
-    ) -> aiosmtplib.SMTPResponse:
-        self.before_data()
-        self.data_started = True
-        return await super().data(message, timeout=timeout)
+    """The connection broke before the message's first byte: nothing of it was sent."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +113,16 @@ def wire_address(address: str) -> str:
         return address  # refused later, as an address that cannot be sent
 
 
+def mailbox(address: str) -> bytes:
+    """`address` as MAIL FROM or RCPT TO carries it (within the brackets); ValueError for an
+    address that such a line cannot hold: not printable ASCII, a space or a bracket."""
+    if not (address and address.isascii() and address.isprintable()) or (
+        " " in address or "<" in address or ">" in address
+    ):
+        raise ValueError("the address cannot be written on an SMTP command line")
+    return address.encode("ascii")
+
+
 class SmtpProvider:
     """A pooled SMTP client; one instance serves every concurrent send of a worker."""
 
@@ -165,8 +132,8 @@ class SmtpProvider:
 
     def __init__(self, settings: SmtpSettings) -> None:
         self.settings = settings
-        self._idle: list[_Client] = []
-        self._slots = asyncio.Semaphore(settings.pool_size)
+        self._idle: list[SmtpWire] = []
+        self._slots = Slots(settings.pool_size, settings.timeout, f"SMTP server {settings.target}")
         self._closed = False
 
     def __repr__(self) -> str:
@@ -192,29 +159,33 @@ class SmtpProvider:
                 "invalid_message",
                 "cannot build the message: the recipient or subject is not a valid header",
             ) from None
-        await acquire_slot(
-            self._slots, self.settings.timeout, f"SMTP server {self.settings.target}"
-        )
         try:
-            client = self._take_idle()
-            if client is not None:
+            envelope = (mailbox(self.settings.envelope_sender), mailbox(recipient))
+        except ValueError:
+            raise PermanentProviderError(
+                "invalid_address", "the sender or recipient cannot be sent over SMTP"
+            ) from None
+        await self._slots.acquire()
+        try:
+            wire = self._take_idle()
+            if wire is not None:
                 try:
-                    await self._transmit(client, email, recipient, message)
+                    await self._transmit(wire, email, envelope, message)
                     return SendResult(provider_message_id=message_id)
                 except _Disconnected:
-                    pass  # dropped while idle, before DATA: nothing was sent, one fresh try
+                    pass  # dropped while idle, before the message: nothing was sent, one fresh try
                 finally:
-                    self._give_back(client)
+                    self._give_back(wire)
             email.raise_if_expired()
-            client = await self._connect(during_send=True)
+            wire = await self._connect(during_send=True)
             try:
-                await self._transmit(client, email, recipient, message)
+                await self._transmit(wire, email, envelope, message)
             except _Disconnected as exc:
                 raise TransientProviderError(
                     "connection", self._describe(exc.__cause__ or exc, "dropped the connection")
                 ) from None
             finally:
-                self._give_back(client)
+                self._give_back(wire)
         finally:
             self._slots.release()
         return SendResult(provider_message_id=message_id)
@@ -224,66 +195,74 @@ class SmtpProvider:
             return "the SMTP provider is closed"
         if self._slots.locked():
             return None  # every connection is busy sending, which is as alive as it gets
-        async with self._slots:
-            client = self._take_idle()
-            try:
-                if client is None:
-                    client = await self._connect(during_send=False)
-                await client.noop()
-            except ProviderError as exc:
-                return str(exc)
-            except (aiosmtplib.SMTPException, OSError) as exc:
-                if client is not None:
-                    client.close()
-                return self._describe(exc, "NOOP failed")
-            self._give_back(client)
+        await self._slots.acquire()  # a free slot: taken at once
+        try:
+            wire = self._take_idle()
+            if wire is None:
+                wire = await self._connect(during_send=False)
+            reply = await wire.command(b"NOOP")
+        except ProviderError as exc:
+            return str(exc)
+        except WireError as exc:
+            return self._describe(exc, "NOOP failed")
+        finally:
+            self._slots.release()
+        if reply.code != 250:
+            wire.close()
+            return self._describe_reply(reply.code, reply.text, "refused NOOP")
+        self._give_back(wire)
         return None
 
     async def close(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
         grace = min(self.settings.timeout, 2.0)
-        protocols = [client.protocol for client in idle if client.protocol is not None]
-        for client in idle:
-            try:
-                await client.quit(timeout=grace)
-            except (aiosmtplib.SMTPException, OSError):
-                client.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        for wire in idle:
+            with contextlib.suppress(WireError):
+                await wire.command(b"QUIT", timeout=max(deadline - loop.time(), 0.001))
+            wire.close()
         # A TLS connection closes only after its close_notify exchange; wait for it so that
         # no socket outlives the provider (bounded, as a peer may never answer).
-        deadline = asyncio.get_running_loop().time() + grace
-        while any(p.transport is not None for p in protocols):
-            if asyncio.get_running_loop().time() >= deadline:
-                break
-            await asyncio.sleep(0.005)
+        pending = [wire.closed for wire in idle if not wire.closed.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=max(deadline - loop.time(), 0.05))
 
-    def _take_idle(self) -> _Client | None:
+    def _take_idle(self) -> SmtpWire | None:
         while self._idle:
-            client = self._idle.pop()
-            if client.is_connected:
-                return client
-            client.close()
+            wire = self._idle.pop()
+            if wire.is_open:
+                return wire
+            wire.close()
         return None
 
-    def _give_back(self, client: _Client) -> None:
-        if self._closed or not client.is_connected:
-            client.close()
+    def _give_back(self, wire: SmtpWire) -> None:
+        if self._closed or not wire.is_open:
+            wire.close()
         else:
-            self._idle.append(client)
+            self._idle.append(wire)
 
     async def _transmit(
-        self, client: _Client, email: Email, recipient: str, message: bytes
+        self, wire: SmtpWire, email: Email, envelope: tuple[bytes, bytes], message: bytes
     ) -> None:
-        client.data_started = False
-        client.before_data = email.raise_if_expired
+        email.raise_if_expired()  # the connection is ours: nothing of the message is out yet
         try:
-            await client.transaction(self.settings.envelope_sender, recipient, message)
-        except MessageExpired:
-            await _reset(client)
-            raise
-        except aiosmtplib.SMTPTimeoutError:
-            client.close()
-            if client.data_started:
+            reply = await wire.transaction(*envelope, message, email.raise_if_expired)
+        except Refused as refused:
+            await self._reset(wire)
+            what = "refused the recipient" if refused.step is RCPT else "rejected the message"
+            raise self._reply_error(refused.reply.code, refused.reply.text, email, what) from None
+        except ConnectionLost as exc:
+            if exc.message_sent:
+                raise AmbiguousProviderError(
+                    f"SMTP server {self.settings.target} dropped the connection after the "
+                    "message was sent, before confirming it; it may have been accepted "
+                    "(retried later with the same Message-ID)"
+                ) from None
+            raise _Disconnected() from exc
+        except ReplyTimeout as exc:
+            if exc.message_sent:
                 raise AmbiguousProviderError(
                     f"SMTP server {self.settings.target} did not confirm the message in time; "
                     "it may have been accepted (retried later with the same Message-ID)"
@@ -291,57 +270,42 @@ class SmtpProvider:
             raise TransientProviderError(
                 "timeout", f"SMTP server {self.settings.target} did not answer in time"
             ) from None
-        except _CONNECTION_ERRORS as exc:
-            client.close()
-            if client.data_started:
+        except WireError as exc:  # a reply that cannot be read: the connection is closed
+            if exc.message_sent:
                 raise AmbiguousProviderError(
-                    f"SMTP server {self.settings.target} dropped the connection after the "
-                    "message was sent, before confirming it; it may have been accepted "
-                    "(retried later with the same Message-ID)"
+                    f"SMTP server {self.settings.target} answered the message with a reply "
+                    "that cannot be read; it may have been accepted (retried later with "
+                    "the same Message-ID)"
                 ) from None
-            raise _Disconnected() from exc
-        except aiosmtplib.SMTPRecipientRefused as exc:
-            raise self._reply_error(exc.code, exc.message, email, "refused the recipient") from None
-        except aiosmtplib.SMTPNotSupported as exc:
-            raise PermanentProviderError(
-                "smtp_unsupported", self._describe(exc, "cannot take this message", email)
-            ) from None
-        except aiosmtplib.SMTPResponseException as exc:
-            if not 200 <= exc.code < 600:  # a reply that could not be read at all
-                client.close()
-                if client.data_started:
-                    raise AmbiguousProviderError(
-                        f"SMTP server {self.settings.target} answered the message with a reply "
-                        "that cannot be read; it may have been accepted (retried later with "
-                        "the same Message-ID)"
-                    ) from None
-                raise TransientProviderError(
-                    "smtp_invalid_reply",
-                    f"SMTP server {self.settings.target} sent a reply that cannot be read",
-                ) from None
-            raise self._reply_error(exc.code, exc.message, email, "rejected the message") from None
-        except aiosmtplib.SMTPException as exc:
-            client.close()
             raise TransientProviderError(
-                "smtp_error", self._describe(exc, "failed", email)
+                "smtp_invalid_reply",
+                f"SMTP server {self.settings.target} sent a reply that cannot be read",
             ) from None
-        except ValueError:
-            raise PermanentProviderError(
-                "invalid_address", "the recipient address cannot be sent over SMTP"
-            ) from None
-        finally:
-            client.before_data = _nothing_to_check
+        if reply.code != 250:  # the transaction is over, refused: nothing to reset
+            raise self._reply_error(reply.code, reply.text, email, "rejected the message")
+
+    async def _reset(self, wire: SmtpWire) -> None:
+        """End the open envelope (MAIL, RCPT) so that the connection serves the next send."""
+        try:
+            reply = await wire.command(b"RSET")
+        except WireError:
+            return  # closed already
+        if reply.code != 250:
+            wire.close()
 
     def _reply_error(self, code: int, reply: str, email: Email | None, what: str) -> ProviderError:
-        text = one_line(reply, hide=self._hidden(email), limit=160)
-        message = f"SMTP server {self.settings.target} {what}: {code} {text}".rstrip()
+        message = self._describe_reply(code, reply, what, email)
         if 500 <= code < 600:
             return PermanentProviderError(f"smtp_{code}", message)
         return TransientProviderError(f"smtp_{code}", message)
 
-    async def _connect(self, *, during_send: bool) -> _Client:
+    def _describe_reply(self, code: int, reply: str, what: str, email: Email | None = None) -> str:
+        text = one_line(reply, hide=self._hidden(email), limit=160)
+        return f"SMTP server {self.settings.target} {what}: {code} {text}".rstrip()
+
+    async def _connect(self, *, during_send: bool) -> SmtpWire:
         settings = self.settings
-        client = _Client(
+        client = aiosmtplib.SMTP(
             hostname=settings.host,
             port=settings.port,
             username=settings.username,
@@ -353,13 +317,23 @@ class SmtpProvider:
         )
         try:
             await client.connect()
+            if client.is_ehlo_or_helo_needed:  # a plain session without AUTH has not greeted
+                await _greet(client)
+            transport = client.transport
+            if not isinstance(transport, asyncio.Transport) or transport.is_closing():
+                raise aiosmtplib.SMTPServerDisconnected("the connection closed on its own")
         except Exception as exc:
             client.close()
             error = self._connect_error(exc)
             if during_send and not error.transient:
                 raise TransientProviderError(error.code, str(error)) from None
             raise error from None
-        return client
+        return SmtpWire.take_over(
+            transport,
+            timeout=settings.timeout,
+            pipelining=client.supports_extension("pipelining"),
+            size=client.supports_extension("size"),
+        )
 
     def _connect_error(self, exc: Exception) -> ProviderError:
         target = self.settings.target
@@ -396,6 +370,16 @@ class SmtpProvider:
     def _describe(self, exc: BaseException, what: str, email: Email | None = None) -> str:
         detail = one_line(str(exc), hide=self._hidden(email), limit=160) or type(exc).__name__
         return f"SMTP server {self.settings.target} {what}: {detail}"
+
+
+async def _greet(client: aiosmtplib.SMTP) -> None:
+    """EHLO, or HELO for a server that does not know EHLO (as aiosmtplib would before MAIL)."""
+    try:
+        await client.ehlo()
+    except aiosmtplib.SMTPHeloError:
+        if not client.is_connected:
+            raise
+        await client.helo()
 
 
 def _sender(value: str) -> str:
