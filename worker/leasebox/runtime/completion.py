@@ -9,10 +9,12 @@ with no added delay.
 Between the two, a provider that takes a few milliseconds per message (SMTP, a mail API)
 finishes its sends one by one, so each statement would settle one or two rows, and the
 statement costs the worker more CPU than the send. So while sends are still in flight, a
-batch smaller than `LINGER_BELOW` waits for their outcomes, at most `LINGER_SECONDS`, and
-is written as soon as the last of them arrives, the batch is full, or the worker closes. A
-few milliseconds change nothing for a message already delivered; with nothing in flight
-nothing waits.
+batch smaller than `LINGER_BELOW` waits for their outcomes, at most `LINGER_SECONDS` (10
+ms: an SMTP drain at two thousand sends a second then settles about twenty rows a statement
+instead of four, a sixth less CPU per message), and is written as soon as the last of them
+arrives, the batch is full, or the worker closes. Ten milliseconds change nothing for a
+message already delivered (its `sent_at` is that much later); with nothing in flight nothing
+waits.
 
 Each statement matches rows on their lease token, so an id missing from its answer is a
 lease this worker lost (it stalled past the lease and another worker reclaimed the row):
@@ -55,7 +57,7 @@ _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
 # How long at most a small batch waits for the outcomes of the sends still in flight, and
 # below what size it waits.
-LINGER_SECONDS = 0.002
+LINGER_SECONDS = 0.01
 LINGER_BELOW = 32
 _A = TypeVar("_A", Sent, Retry, Dead, Release)
 UNSTORABLE_ERROR = "the failure's description could not be stored"
