@@ -11,6 +11,7 @@ label name fails here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -181,6 +182,13 @@ def test_every_alert_and_dashboard_query_answers_from_real_scrapes(
                 **{f"alert {k}": v for k, v in alert_expressions().items()},
                 **{f"panel {k}": v for k, v in dashboard_expressions(VARIABLES).items()},
             }
+            # Every series appears once its process has had a reason to report it (the
+            # operator its first decision for the pool): wait for all, then judge each.
+            selectors = {m + labels for expr in expressions.values()
+                         for m, labels in SELECTOR.findall(expr)}  # fmt: skip
+            with contextlib.suppress(AssertionError):  # the assertion below names what lacks
+                wait_for(lambda: all(prometheus.has_series(s) for s in selectors),
+                         what="every series the queries select", timeout=60)  # fmt: skip
             failures: list[str] = []
             for name, expr in expressions.items():
                 answer = prometheus.query(expr)
