@@ -97,6 +97,8 @@ def _drain_with_product_statements(
         "kinds": ["otp"],
         "limit": batch_size,
         "lease_seconds": 45.0,
+        "after_at": [None],
+        "after_id": [None],
         "worker_id": worker,
         "now": None,
     }

@@ -12,7 +12,15 @@ from leasebox import OutboxMessage, enqueue
 from leasebox.db.partitions import ensure_partitions
 from leasebox.db.queries import query
 from leasebox.store.backlog import fetch_backlog, fetch_backlog_async
-from support.plans import analyze, full_scans, generic_plan_of, indexes, plan_of, reads
+from support.plans import (
+    analyze,
+    full_scans,
+    generic_plan_of,
+    indexes,
+    nodes,
+    plan_of,
+    reads,
+)
 
 SEED = """
 WITH m AS (
@@ -119,12 +127,32 @@ def seeded(db_conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return db_conn
 
 
-CLAIM = {"kinds": ["otp"], "now": None, "limit": 100, "lease_seconds": 45, "worker_id": "w"}
+CLAIM = {
+    "kinds": ["otp"],
+    "after_at": [None],
+    "after_id": [None],
+    "now": None,
+    "limit": 100,
+    "lease_seconds": 45,
+    "worker_id": "w",
+}
 
 
-def worker_plan(conn: psycopg.Connection[Any], name: str) -> Any:
+def worker_plan(conn: psycopg.Connection[Any], name: str, **params: Any) -> Any:
     """The plan a worker claims with: the generic plan (the worker's `plan_cache_mode`)."""
-    return generic_plan_of(conn, query(name), CLAIM)
+    return generic_plan_of(conn, query(name), {**CLAIM, **params})
+
+
+def test_a_claim_with_a_cursor_starts_its_index_scan_at_the_cursor(
+    seeded: psycopg.Connection[Any],
+) -> None:
+    cursor = {"after_at": [datetime.now(UTC) - timedelta(minutes=1)], "after_id": [1000]}
+    found = worker_plan(seeded, "claim_without_content", **cursor)
+    [scan] = [n for n in nodes(found) if n.get("Index Name") == "queue_ready_idx"]
+    # The cursor bounds the scan itself (an index condition), not a filter applied to every
+    # entry the scan walks past.
+    assert "ROW(available_at, id) > ROW(" in scan["Index Cond"]
+    assert "kind = k.kind" in scan["Index Cond"]
 
 
 @pytest.mark.parametrize("name", ["claim", "claim_without_content"])

@@ -37,6 +37,14 @@ def plan_of(
     return row[0][0]["Plan"]
 
 
+def nodes(plan: Any) -> list[dict[str, Any]]:
+    """Every node of the plan, depth first."""
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(nodes(child))
+    return found
+
+
 def reads(plan: Any) -> set[str]:
     """How the plan reads each relation: `Seq Scan on queue`, `Index Scan using ...`."""
     found: set[str] = set()

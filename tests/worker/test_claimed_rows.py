@@ -39,7 +39,7 @@ def test_a_claimed_rows_repr_leaves_out_the_recipient_and_the_content() -> None:
     now = datetime.now(UTC)
     message = ClaimedMessage(
         1, "otp", "user-1", "ada@example.com", "otp", {"name": "Ada Lovelace"}, b"sealed",
-        "otp:k", 1, None, None, uuid.uuid4(), now, now, now,
+        "otp:k", 1, None, None, uuid.uuid4(), now, now, now, now,
     )  # fmt: skip
 
     shown = repr(message)

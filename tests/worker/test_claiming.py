@@ -11,7 +11,7 @@ import pytest
 
 from leasebox.states import DeadReason, Status
 from leasebox.store import claiming, settling, sweeps
-from leasebox.store.claiming import LeaseRef
+from leasebox.store.claiming import Cursor, LeaseRef
 from leasebox.store.settling import Dead, Retry, Sent
 from support.worker_doubles import Insert, row_of, statuses
 
@@ -63,6 +63,24 @@ async def test_claim_takes_only_ready_rows_of_its_kinds_oldest_availability_firs
     db_insert(kind="newsletter", available_at=db_now - timedelta(seconds=99))  # another kind
     claimed = await _claim(db_aconn, db_now, kinds=("otp", "invite"))
     assert [m.id for m in claimed] == [earliest, middle, later]
+
+
+async def test_a_claim_with_a_cursor_reads_on_from_it_and_one_without_from_the_start(
+    db_aconn: psycopg.AsyncConnection, db_insert: Insert, db_now: datetime
+) -> None:
+    ids = [db_insert(available_at=db_now - timedelta(seconds=10 - i)) for i in range(4)]
+    early = db_insert(kind="invite", template="invite", available_at=db_now - timedelta(hours=1))
+    [*_, second] = await _claim(db_aconn, db_now, limit=2)
+    # Committed after the claim passed its place (its transaction began before them).
+    late = db_insert(available_at=db_now - timedelta(minutes=1))
+    cursor = {"otp": Cursor(second.available_at, second.id)}
+    on = await claiming.claim(
+        db_aconn, kinds=["otp", "invite"], limit=10, lease_seconds=45, worker_id=WORKER,
+        now=db_now, after=cursor,
+    )  # fmt: skip
+    assert second.id == ids[1]
+    assert [m.id for m in on] == [early, ids[2], ids[3]]  # a kind without a cursor: all of it
+    assert [m.id for m in await _claim(db_aconn, db_now)] == [late]
 
 
 async def test_claim_respects_its_limit_across_kinds(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -20,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from leasebox.db.partitions import Partition, day_partition_name, list_partitions
 from leasebox.errors import ConfigurationError
 from leasebox.runtime.settings import WorkerSettings
+from leasebox.runtime.worker import RESCAN_EVERY
 from leasebox.store import claiming
 from leasebox.store.claiming import ClaimedMessage
 from support.running_worker import SETTINGS, make_worker, running
@@ -107,6 +109,54 @@ async def test_a_missing_template_dead_letters_as_an_invalid_message_without_a_s
         "template",
     )
     assert fake_provider.started_sends == 0
+
+
+async def test_a_row_committed_behind_the_claims_is_sent_while_the_backlog_lasts(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+) -> None:
+    start = fake_clock.now - timedelta(hours=1)
+    backlog = [
+        db_insert(recipient=f"r{i}@example.com", available_at=start + timedelta(minutes=i))
+        for i in range(40)
+    ]
+    # One row a claim, one send at a time: every claim comes back full, so each reads on from
+    # where the last one ended.
+    release = fake_provider.hold("r4@example.com")
+    settings = replace(SETTINGS, concurrency=1, batch_size=1, drain=True)
+    task = asyncio.get_running_loop().create_task(
+        make_worker(db_pool, fake_provider, fake_clock, settings).run()
+    )
+    await fake_provider.held["r4@example.com"].wait()
+    late = db_insert(available_at=fake_clock.now - timedelta(hours=2))  # behind every claim
+    release.set()
+    async with asyncio.timeout(30):
+        await task
+    order = [email.outbox_id for email in fake_provider.sent]
+    assert sorted(order) == sorted([*backlog, late])
+    # A rescan from the start found it while the backlog lasted, not the end of the backlog.
+    assert order.index(late) < len(backlog)
+    assert order.index(late) <= 6 + RESCAN_EVERY < len(backlog)
+
+
+async def test_a_short_claim_forgets_its_cursor_so_the_next_claim_reads_from_the_start(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+) -> None:
+    settings = replace(SETTINGS, concurrency=1)
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings)
+    async with running(worker):
+        first = [db_insert(recipient=f"r{i}@example.com") for i in range(2)]
+        await eventually(lambda: len(fake_provider.sent) == 2)  # a claim shorter than a batch
+        late = db_insert(available_at=fake_clock.now - timedelta(hours=2))  # behind it
+        new = db_insert()
+        await eventually(lambda: len(fake_provider.sent) == 4)
+    order = [email.outbox_id for email in fake_provider.sent]
+    assert order == [*first, late, new]
 
 
 async def test_a_message_whose_outbox_row_is_gone_dead_letters_as_invalid_without_a_send(

@@ -61,12 +61,15 @@ from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason
 from leasebox.store import claiming
-from leasebox.store.claiming import ClaimedMessage
+from leasebox.store.claiming import ClaimedMessage, Cursor
 from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
 
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
+# A claim that reads on from a cursor misses a row committed late by a transaction that began
+# before the rows the cursor passed: every this many claims, one reads from the start.
+RESCAN_EVERY = 16
 # What a provider that reads no content (`null://`) gets for every message.
 _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 _MISSING_MESSAGE = Failure(
@@ -117,6 +120,9 @@ class Worker:
         self._clock = clock
         self._rng = rng
         self._held: dict[int, Held] = {}
+        # Where each kind's last full claim ended, and how many claims read on from there.
+        self._cursors: dict[str, Cursor] = {}
+        self._cursor_claims = 0
         # Held rows whose outcome the batcher has and has not written yet.
         self._settling = 0
         self._ready: ReadyRows[Held] = ReadyRows()
@@ -335,6 +341,9 @@ class Worker:
     async def _claim(self, limit: int) -> list[ClaimedMessage]:
         s = self.settings
         started = time.monotonic()
+        # While full batches come back, each claim reads on from where the last one ended;
+        # every `RESCAN_EVERY` claims, and after a short one, it reads from the start.
+        after = self._cursors if self._cursor_claims < RESCAN_EVERY else None
         async with asyncio.timeout(STATEMENT_TIMEOUT), self._pool.connection() as conn:
             rows = await claiming.claim(
                 conn,
@@ -345,8 +354,10 @@ class Worker:
                 schema=s.schema,
                 now=self._clock(),
                 content=self._reads_content,
+                after=after,
             )
         self.rounds["claim"] += 1
+        self._move_cursors(rows, full=len(rows) == limit, rescanned=after is None)
         deadline = started + s.lease_seconds
         if rows:
             helds = [Held(message, started, deadline) for message in rows]
@@ -354,6 +365,20 @@ class Worker:
             self._ready.add(helds)
             self.metrics.claimed_rows(message.kind for message in rows)
         return rows
+
+    def _move_cursors(self, rows: list[ClaimedMessage], *, full: bool, rescanned: bool) -> None:
+        """Remember where each kind's claim ended, or forget it when the claim came back short
+        (the next claim then reads from the start, as it does after `RESCAN_EVERY` claims)."""
+        if not full:
+            self._cursors = {}
+            self._cursor_claims = 0
+            return
+        if rescanned:
+            self._cursors = {}
+            self._cursor_claims = 0
+        self._cursor_claims += 1
+        for message in rows:
+            self._cursors[message.kind] = Cursor(message.available_at, message.id)
 
     async def _until(self, event: asyncio.Event, at_most: float | None) -> None:
         """Wait for `event` or a stop, at most `at_most` seconds (None: no limit)."""

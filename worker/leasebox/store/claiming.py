@@ -52,6 +52,8 @@ class ClaimedMessage(NamedTuple):
     lease_expires_at: datetime
     created_at: datetime
     claimed_at: datetime
+    # Where the row stood in the ready index: a worker's cursor for its next claim.
+    available_at: datetime
 
     @property
     def lease(self) -> LeaseRef:
@@ -64,7 +66,8 @@ class ClaimedMessage(NamedTuple):
             f"delivery_key={self.delivery_key!r}, attempts={self.attempts!r}, "
             f"max_attempts={self.max_attempts!r}, expires_at={self.expires_at!r}, "
             f"lease_token={self.lease_token!r}, lease_expires_at={self.lease_expires_at!r}, "
-            f"created_at={self.created_at!r}, claimed_at={self.claimed_at!r})"
+            f"created_at={self.created_at!r}, claimed_at={self.claimed_at!r}, "
+            f"available_at={self.available_at!r})"
         )
 
 
@@ -82,6 +85,13 @@ def _claimed_rows(cursor: Any) -> Callable[[Sequence[Any]], ClaimedMessage]:
         return ClaimedMessage._make
     names = tuple(column.name for column in cursor.description or ())
     return lambda values: ClaimedMessage(**dict(zip(names, values, strict=True)))
+
+
+class Cursor(NamedTuple):
+    """A place in a kind's ready rows: the (available_at, id) of the last row claimed."""
+
+    available_at: datetime
+    id: int
 
 
 class LeaseRef(NamedTuple):
@@ -119,13 +129,17 @@ async def claim(
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
     content: bool = True,
+    after: Mapping[str, Cursor] | None = None,
 ) -> list[ClaimedMessage]:
     """Lease up to `limit` ready rows of `kinds`, oldest availability first, with their
-    content unless `content` is False."""
+    content unless `content` is False; a kind in `after` is read from past its cursor on."""
     if limit <= 0:
         return []
+    cursors = [(after or {}).get(kind) for kind in kinds]
     params = {
         "kinds": list(kinds),
+        "after_at": [c.available_at if c else None for c in cursors],
+        "after_id": [c.id if c else None for c in cursors],
         "limit": limit,
         "lease_seconds": lease_seconds,
         "worker_id": worker_id,

@@ -289,13 +289,21 @@ SELECT DISTINCT kind FROM {schema}.queue ORDER BY kind;
 -- Lease up to a batch of ready, unexpired rows of some kinds (the common part of the claims).
 -- An OTP past its expiry is never claimed (no attempt spent on it): the sweep dead-letters it.
 -- Each claim is written to the history (`claimed`) by the same statement.
+-- A kind's scan of the ready index starts after the (available_at, id) its cursor names
+-- (`after_at`, `after_id`; NULL: from the start). A worker draining a backlog passes the last
+-- row it claimed, so that its scan does not walk the index entries of every row claimed
+-- before, which stay in the index until a vacuum; now and then it scans from the start, for
+-- a row committed late by a transaction that began before the rows it has claimed.
 WITH candidates AS (
     SELECT c.id
-    FROM unnest(%(kinds)s::text[]) AS k(kind)
+    FROM unnest(%(kinds)s::text[], %(after_at)s::timestamptz[], %(after_id)s::bigint[])
+        AS k(kind, after_at, after_id)
     CROSS JOIN LATERAL (
         SELECT q.id, q.available_at
         FROM {schema}.queue AS q
         WHERE q.kind = k.kind
+          AND (q.available_at, q.id)
+              > (coalesce(k.after_at, '-infinity'::timestamptz), coalesce(k.after_id, 0))
           AND q.status = 'pending'
           AND q.available_at <= coalesce(%(now)s::timestamptz, now())
           AND (q.expires_at IS NULL OR q.expires_at > coalesce(%(now)s::timestamptz, now()))
@@ -336,7 +344,8 @@ logged AS (
 -- message whose outbox row is missing comes back without content (the worker dead-letters it).
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token,
-       c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at
+       c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
+       c.available_at
 FROM claimed AS c
 LEFT JOIN {schema}.outbox AS o ON o.id = c.id AND o.bucket = c.bucket
 ORDER BY c.available_at, c.id;
@@ -347,7 +356,7 @@ ORDER BY c.available_at, c.id;
 SELECT c.id, c.kind, c.aggregate_id, NULL::text AS recipient, NULL::text AS template,
        NULL::jsonb AS data, NULL::bytea AS secrets, c.delivery_key, c.attempts,
        c.max_attempts, c.expires_at, c.lease_token, c.lease_expires_at, c.created_at,
-       coalesce(%(now)s::timestamptz, now()) AS claimed_at
+       coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at
 FROM claimed AS c
 ORDER BY c.available_at, c.id;
 
