@@ -171,9 +171,8 @@ def test_cutting_the_history_out_of_leasebox_statements_leaves_the_rest_intact(
         assert "{schema}.queue" in cut
         assert len(cut.splitlines()) < len(shipped.splitlines())
     claim, mark = product_statements(history=False)
-    db_conn.execute(
-        claim, {"kinds": ["otp"], "limit": 1, "lease_seconds": 1, "worker_id": "w", "now": None}
-    )
+    params = {"kinds": ["otp"], "after_at": [None], "after_id": [None], "limit": 1}
+    db_conn.execute(claim, {**params, "lease_seconds": 1, "worker_id": "w", "now": None})
     db_conn.execute(
         mark,
         {"ids": [], "tokens": [], "provider_message_ids": [], "worker_id": "w", "now": None},

@@ -9,6 +9,7 @@ duration. Backoff and expiry live in `test_backoff_and_expiry_while_running.py`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from leasebox.db.partitions import Partition, day_partition_name, list_partition
 from leasebox.errors import ConfigurationError
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.runtime.worker import RESCAN_EVERY
-from leasebox.store import claiming
+from leasebox.store import claiming, settling
 from leasebox.store.claiming import ClaimedMessage
 from support.running_worker import SETTINGS, make_worker, running
 from support.worker_doubles import (
@@ -314,6 +315,38 @@ def test_settings_reject_contradictions() -> None:
         WorkerSettings(kinds=("OTP",))
     with pytest.raises(ConfigurationError, match="concurrency"):
         WorkerSettings(concurrency=0)
+
+
+async def test_rows_sent_but_not_yet_settled_free_their_slots_up_to_one_batch_more(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+    db_conn: psycopg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for _ in range(40):
+        db_insert()
+    writable = asyncio.Event()
+    mark_sent = settling.mark_sent
+
+    async def stalled(conn: psycopg.AsyncConnection, *args: Any, **options: Any) -> Any:
+        await writable.wait()
+        return await mark_sent(conn, *args, **options)
+
+    monkeypatch.setattr(settling, "mark_sent", stalled)
+    settings = replace(SETTINGS, concurrency=2, batch_size=3)  # capacity 5
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings)
+    async with running(worker):
+        # The sends finish, their outcomes cannot be written: the worker claims on while the
+        # rows it holds only wait for their statement, then stops at a batch beyond capacity.
+        await eventually(lambda: len(fake_provider.sent) >= 5)
+        with contextlib.suppress(TimeoutError):  # judged below: a worker that stops short
+            await eventually(lambda: len(fake_provider.sent) >= 8, within=5)
+        held, sent = statuses(db_conn), len(fake_provider.sent)
+        writable.set()
+        await eventually(lambda: statuses(db_conn) == {"sent": 40})
+    assert (held, sent) == ({"processing": 8, "pending": 32}, 8)
 
 
 async def test_a_backlog_is_claimed_at_least_half_a_batch_at_a_time(

@@ -32,7 +32,8 @@ class WorkerSettings:
     schema: the PostgreSQL schema holding the outbox.
     concurrency: sends in flight at once.
     batch_size: most rows claimed per statement; also how many claimed rows may wait for a
-        free send slot, so that a slot never waits for a claim round trip.
+        free send slot, so that a slot never waits for a claim round trip, and how many rows
+        whose outcome is being written may be held beyond `capacity`.
     lease_seconds: how long a claim is exclusive; a send still running at half of it extends it.
     poll_interval: longest idle wait before looking for ready rows again (NOTIFY wakes sooner).
     listen: wake on the outbox's NOTIFY as rows arrive; polling alone when False.
@@ -82,7 +83,11 @@ class WorkerSettings:
 
     @property
     def capacity(self) -> int:
-        """Most rows held at once: those sending, plus a batch waiting for a slot."""
+        """Rows held for sending at once: those sending, plus a batch waiting for a slot.
+
+        Rows whose outcome the worker knows but has not written yet hold no slot; up to a batch
+        of them is held beyond this, so a worker holds at most `capacity + batch_size` rows.
+        """
         return self.concurrency + self.batch_size
 
     @property
