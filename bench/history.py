@@ -34,7 +34,7 @@ from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
 from bench.systems import leasebox_system, seed_outbox, verify_outbox_from
 from leasebox.db.partitions import database_today, ensure_partitions
-from leasebox.store.backlog import fetch_backlog
+from leasebox.store.backlog import GENERIC_PLANS, fetch_backlog
 from leasebox.store.claiming import claim
 from leasebox.store.pruning import prune
 
@@ -124,7 +124,7 @@ def time_queries(dsn: str, repeats: int) -> tuple[list[float], list[float]]:
             return await _async_timings(claim_once, repeats)
 
     claimed = asyncio.run(claims())
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(dsn, options=GENERIC_PLANS) as conn:  # as the operator's pool
 
         def backlog_once() -> None:
             fetch_backlog(conn, ["otp"])

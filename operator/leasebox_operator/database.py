@@ -24,7 +24,7 @@ from leasebox.db.connections import connection_error
 from leasebox.db.migrations import expected_schema_version
 from leasebox.db.queries import query
 from leasebox.errors import NotMigrated
-from leasebox.store.backlog import Backlog, fetch_backlog_async
+from leasebox.store.backlog import GENERIC_PLANS, Backlog, fetch_backlog_async
 from leasebox_operator.errors import PollError, PoolProblem, SecretError
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.settings import OperatorSettings
@@ -53,7 +53,7 @@ class ConnectionPools:
                     "autocommit": True,
                     "connect_timeout": max(1, round(self.settings.connect_timeout_seconds)),
                     "application_name": APPLICATION_NAME,
-                    "options": f"-c statement_timeout={timeout_ms}",
+                    "options": f"-c statement_timeout={timeout_ms} {GENERIC_PLANS}",
                 },
                 check=AsyncConnectionPool.check_connection,
                 timeout=self.settings.connect_timeout_seconds,

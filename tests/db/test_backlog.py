@@ -9,9 +9,10 @@ import psycopg
 import pytest
 
 from leasebox import OutboxMessage, enqueue
-from leasebox.db.partitions import ensure_partitions
+from leasebox.db.partitions import ensure_partitions, list_partitions
 from leasebox.db.queries import query
 from leasebox.store.backlog import fetch_backlog, fetch_backlog_async
+from support.outbox_rows import insert_message
 from support.plans import (
     analyze,
     full_scans,
@@ -106,6 +107,31 @@ def test_the_backlog_needs_at_least_one_kind(db_conn: psycopg.Connection[Any]) -
         fetch_backlog(db_conn, [])
 
 
+def test_the_send_rate_counts_the_windows_sends_of_the_messages_of_the_last_day(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    now = datetime.now(UTC)
+    recently = now - timedelta(seconds=5)
+
+    def sent(created_at: datetime, sent_at: datetime, kind: str = "otp") -> None:
+        insert_message(
+            db_conn, status="sent", kind=kind, recipient="a@example.com", template=kind,
+            delivery_key=f"key-{created_at}-{sent_at}-{kind}", created_at=created_at,
+            sent_at=sent_at,
+        )  # fmt: skip
+
+    for created_at in (now, now - timedelta(hours=30), now - timedelta(days=3)):
+        sent(created_at, recently)
+    sent(now - timedelta(minutes=5), now - timedelta(minutes=5))  # before the window
+    sent(now, recently, kind="invite")
+    db_conn.commit()
+    ensure_partitions(db_conn)  # the earlier days get partitions of their own
+    backlog = fetch_backlog(db_conn, ["otp"], window_seconds=60)
+    # A send of a message created days before (a requeued dead letter) is left out of the rate.
+    assert backlog.kinds[0].sent_in_window == 2
+    assert backlog.sent_per_second == 2 / 60
+
+
 async def test_the_async_backlog_matches_the_sync_one(db_dsn: str) -> None:
     with psycopg.connect(db_dsn) as conn:
         enqueue(conn, OutboxMessage(kind="otp", recipient="a@example.com"))
@@ -181,6 +207,12 @@ def test_the_backlog_query_reads_the_queue_and_the_send_index_never_what_is_kept
     assert not [r for r in reads(found) if "outbox" in r], reads(found)
     used = indexes(seeded, found)
     assert {i for i in used if i.startswith("history")} == {"history_sent_idx"}, used
+    # The history of the days before yesterday is not read at all (its partitions are pruned).
+    three_days_ago = (datetime.now(UTC) - timedelta(days=3)).date()
+    assert f"history_{three_days_ago:%Y%m%d}" in {
+        p.name for p in list_partitions(seeded, "history")
+    }
+    assert not [r for r in reads(found) if f"history_{three_days_ago:%Y%m%d}" in r], reads(found)
     for index in ("queue_leases_idx", "queue_dead_idx"):
         assert index in used, f"{index} unused: {used}"
 

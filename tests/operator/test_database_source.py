@@ -65,6 +65,16 @@ async def test_pools_sharing_a_database_share_one_connection_pool(
     assert store.reads == 2  # the DSN is cached between polls
 
 
+async def test_the_pools_connections_run_the_backlog_on_its_generic_plan(
+    pools: ConnectionPools, db_dsn: str
+) -> None:
+    await pools.backlog(db_dsn, ["otp"], "leasebox", 5.0)
+    pool = pools._pools[db_dsn]
+    async with pool.connection() as conn:
+        cur = await conn.execute("SHOW plan_cache_mode")
+        assert await cur.fetchone() == ("force_generic_plan",)
+
+
 async def test_a_blocked_backlog_query_hits_the_statement_timeout(
     pools: ConnectionPools, db_conn: psycopg.Connection[Any], db_dsn: str
 ) -> None:

@@ -93,9 +93,13 @@ class ScriptedProvider:
 
 
 def row_of(conn: psycopg.Connection, outbox_id: int) -> dict[str, Any]:
-    """The message with where it is, as a dict (committed state)."""
+    """The message with where it is, as a dict (committed state); its lease token as text,
+    as a claim hands it out."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute("SELECT * FROM leasebox.messages WHERE id = %s", (outbox_id,))
+        cur.execute(
+            "SELECT *, lease_token::text AS lease_token FROM leasebox.messages WHERE id = %s",
+            (outbox_id,),
+        )
         found = cur.fetchone()
     conn.rollback()
     assert found is not None

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import Loader
+from psycopg.pq import Format
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -256,6 +257,19 @@ class LazyJsonLoader(Loader):
         return JsonObject(bytes(data))
 
 
+class LazyJsonBinaryLoader(LazyJsonLoader):
+    """`LazyJsonLoader` for `jsonb` in the binary format: a version byte, then the text."""
+
+    format = Format.BINARY
+
+    def load(self, data: Buffer) -> JsonObject:
+        if data[:1] != b"\x01":
+            raise ValueError("unknown jsonb binary format version")
+        return JsonObject(bytes(data[1:]))
+
+
 def register_lazy_json(context: AdaptContext) -> None:
-    """Make `jsonb` columns read through `context` (a connection) load as `JsonObject`s."""
+    """Make `jsonb` columns read through `context` (a connection) load as `JsonObject`s, in
+    either format."""
     context.adapters.register_loader("jsonb", LazyJsonLoader)
+    context.adapters.register_loader("jsonb", LazyJsonBinaryLoader)

@@ -22,7 +22,6 @@ from typing import Any
 import psycopg
 from psycopg import conninfo
 from psycopg.types.array import ListBinaryDumper
-from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.connections import (
@@ -136,8 +135,6 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # The settling statements pass their batches as arrays: in the binary format, psycopg
     # packs each element instead of quoting it as text (a regex per element).
     conn.adapters.register_dumper(list, ListBinaryDumper)
-    # Lease tokens come back as text: the worker only compares them and sends them back.
-    conn.adapters.register_loader("uuid", TextLoader)
     # The worker's statements are prepared once and run thousands of times with parameters
     # that never change their best plan; left to choose, PostgreSQL plans some of them anew
     # for each run (a partitioned table makes a custom plan look cheaper than it is).

@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any, Protocol
 
 import psycopg
@@ -67,6 +68,7 @@ from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
+_KIND = attrgetter("kind")
 # A claim that reads on from a cursor misses a row committed late by a transaction that began
 # before the rows the cursor passed: every this many claims, one reads from the start.
 RESCAN_EVERY = 16
@@ -363,7 +365,7 @@ class Worker:
             helds = [Held(message, started, deadline) for message in rows]
             self._held.update(zip([message.id for message in rows], helds, strict=True))
             self._ready.add(helds)
-            self.metrics.claimed_rows(message.kind for message in rows)
+            self.metrics.claimed_rows(map(_KIND, rows))
         return rows
 
     def _move_cursors(self, rows: list[ClaimedMessage], *, full: bool, rescanned: bool) -> None:
@@ -377,8 +379,9 @@ class Worker:
             self._cursors = {}
             self._cursor_claims = 0
         self._cursor_claims += 1
-        for message in rows:
-            self._cursors[message.kind] = Cursor(message.available_at, message.id)
+        last = {message.kind: message for message in rows}  # the rows are in index order
+        for kind, message in last.items():
+            self._cursors[kind] = Cursor(message.available_at, message.id)
 
     async def _until(self, event: asyncio.Event, at_most: float | None) -> None:
         """Wait for `event` or a stop, at most `at_most` seconds (None: no limit)."""

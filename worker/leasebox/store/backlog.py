@@ -1,8 +1,9 @@
 """The backlog of a set of kinds, in one cheap, index-driven round trip.
 
 The operator polls this every few seconds per pool and `leasebox status` prints it. Each
-figure comes from a partial index (pending, processing, dead, recent sends), so the cost
-does not grow with the number of sent rows the table keeps.
+figure comes from a partial index (pending, processing, dead, recent sends), and the recent
+sends from the history's partitions of the last days alone, so the cost grows neither with
+the number of sent messages kept nor with the number of days.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import psycopg
 from leasebox.db.queries import DEFAULT_SCHEMA, query
 
 RATE_WINDOW_SECONDS = 60.0
+# The session setting a connection polling the backlog should have (libpq `options`): the
+# query's generic plan is planned once per connection, and it prunes the history's day
+# partitions when it starts; a custom plan is planned again each poll, over every retained
+# day's partition, which costs more than running it.
+GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
 
 
 @dataclass(frozen=True)

@@ -254,14 +254,15 @@ FROM {schema}.messages
 WHERE id = %(id)s;
 
 -- name: backlog
--- Counts and ages per kind, each from a partial index (the operator's poll).
+-- Counts and ages per kind, each from a partial index (the operator's poll): one scan of a
+-- kind's pending rows in the ready index counts them and the ready ones among them. The send
+-- rate counts the sends in the window of messages created at most a day before it: it reads
+-- the history partitions of two or three days, however many days are retained (a send of an
+-- older message, such as a requeued dead letter, is left out of the rate).
 SELECT
     k.kind,
-    (SELECT count(*) FROM {schema}.queue AS q
-      WHERE q.status = 'pending' AND q.kind = k.kind) AS pending,
-    (SELECT count(*) FROM {schema}.queue AS q
-      WHERE q.status = 'pending' AND q.kind = k.kind
-        AND q.available_at <= now()) AS ready,
+    p.pending,
+    p.ready,
     (SELECT count(*) FROM {schema}.queue AS q
       WHERE q.status = 'processing' AND q.kind = k.kind) AS processing,
     (SELECT count(*) FROM {schema}.queue AS q
@@ -271,14 +272,23 @@ SELECT
       WHERE q.status = 'dead' AND q.kind = k.kind) AS dead,
     (SELECT min(q.created_at) FROM {schema}.queue AS q
       WHERE q.status = 'pending' AND q.kind = k.kind) AS oldest_pending_created_at,
-    (SELECT min(q.available_at) FROM {schema}.queue AS q
-      WHERE q.status = 'pending' AND q.kind = k.kind
-        AND q.available_at <= now()) AS oldest_ready_available_at,
+    p.oldest_ready_available_at,
     (SELECT count(*) FROM {schema}.history AS h
       WHERE h.event = 'sent' AND h.kind = k.kind
-        AND h.at > now() - make_interval(secs => %(window_seconds)s)) AS sent_in_window,
+        AND h.at > now() - make_interval(secs => %(window_seconds)s)
+        AND h.bucket >= ((now() - make_interval(secs => %(window_seconds)s)
+                          - interval '1 day') AT TIME ZONE 'UTC')::date
+        AND h.bucket <= (now() AT TIME ZONE 'UTC')::date) AS sent_in_window,
     now() AS observed_at
 FROM unnest(%(kinds)s::text[]) AS k(kind)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS pending,
+           count(*) FILTER (WHERE q.available_at <= now()) AS ready,
+           min(q.available_at) FILTER (WHERE q.available_at <= now())
+               AS oldest_ready_available_at
+    FROM {schema}.queue AS q
+    WHERE q.status = 'pending' AND q.kind = k.kind
+) AS p
 ORDER BY k.kind;
 
 -- name: known_kinds
@@ -343,7 +353,7 @@ logged AS (
 -- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen. A
 -- message whose outbox row is missing comes back without content (the worker dead-letters it).
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
-       c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token,
+       c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token::text,
        c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
        c.available_at
 FROM claimed AS c
@@ -355,7 +365,7 @@ ORDER BY c.available_at, c.id;
 -- include: claimed_rows
 SELECT c.id, c.kind, c.aggregate_id, NULL::text AS recipient, NULL::text AS template,
        NULL::jsonb AS data, NULL::bytea AS secrets, c.delivery_key, c.attempts,
-       c.max_attempts, c.expires_at, c.lease_token, c.lease_expires_at, c.created_at,
+       c.max_attempts, c.expires_at, c.lease_token::text, c.lease_expires_at, c.created_at,
        coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at
 FROM claimed AS c
 ORDER BY c.available_at, c.id;
