@@ -17,8 +17,12 @@ from leasebox import (
     enqueue_many,
     enqueue_many_async,
 )
-from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
+from leasebox.db.queries import query
+from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
+from leasebox.producer.batch import _prepare
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE, default_cipher
 from support.outbox_rows import count, otp
+from support.plans import full_scans, indexes, plan_of, reads
 
 
 @pytest.fixture(autouse=True)
@@ -167,3 +171,31 @@ def test_a_batch_refuses_a_guard_and_malformed_keys_with_clear_errors(
         enqueue_many(db_conn, [otp()], idempotency_keys=[""])
     with pytest.raises(TypeError, match="OutboxMessage"):
         enqueue_many(db_conn, [{"kind": "otp"}])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["fresh rows", "analyzed"])
+def test_a_retried_batch_finds_each_receipts_message_by_its_key_not_by_scanning_the_outbox(
+    db_conn: psycopg.Connection[Any], analyzed: bool
+) -> None:
+    # A join from the receipts to the outbox on the id alone let the planner scan the whole
+    # outbox once per message: a batch then cost more the more messages had been sent.
+    messages = [otp(f"user{i}@example.com") for i in range(3000)]
+    keys = [f"request-{i}" for i in range(3000)]
+    enqueue_many(db_conn, messages, idempotency_keys=keys, scope="bulk")
+    db_conn.commit()
+    if analyzed:
+        db_conn.execute("ANALYZE leasebox.outbox, leasebox.receipts")
+        db_conn.commit()
+    retry = _prepare(
+        messages[:100],
+        keys[:100],
+        "bulk",
+        None,
+        None,
+        DEFAULT_RECEIPT_TTL_SECONDS,
+        "leasebox",
+        default_cipher(),
+    )
+    found = plan_of(db_conn, query("enqueue_many"), retry.write[1])
+    assert not [s for s in full_scans(db_conn, found) if "outbox" in s], reads(found)
+    assert {"outbox_pkey", "receipts_pkey"} <= indexes(db_conn, found)

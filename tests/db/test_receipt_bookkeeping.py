@@ -11,7 +11,9 @@ import psycopg
 import pytest
 
 from leasebox import AbuseGuard, IdempotencyConflict, OutboxMessage, enqueue, enqueue_many
+from leasebox.db.queries import query
 from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
+from support.plans import full_scans, indexes, plan_of, reads
 
 GUARDS = {"unguarded": None, "guarded": AbuseGuard(per_recipient=100, window_seconds=600)}
 
@@ -137,3 +139,20 @@ def test_racing_retries_of_one_request_write_one_row_and_count_every_reuse(
     assert row is not None
     assert row[0] == 1
     assert bookkeeping(db_conn, "race")[0] == racers - 1
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["fresh rows", "analyzed"])
+def test_the_guarded_lookup_finds_a_receipts_message_by_its_key_not_by_scanning_the_outbox(
+    db_conn: psycopg.Connection[Any], analyzed: bool
+) -> None:
+    keys = [f"request-{i}" for i in range(3000)]
+    messages = [otp(f"user{i}@example.com") for i in range(3000)]
+    enqueue_many(db_conn, messages, idempotency_keys=keys, scope="s")
+    db_conn.commit()
+    if analyzed:
+        db_conn.execute("ANALYZE leasebox.outbox, leasebox.receipts")
+        db_conn.commit()
+    params = {"scope": "s", "idempotency_key": keys[7], "request_hash": "any"}
+    found = plan_of(db_conn, query("find_receipt"), params)
+    assert not [s for s in full_scans(db_conn, found) if "outbox" in s], reads(found)
+    assert {"outbox_pkey", "receipts_pkey"} <= indexes(db_conn, found)
