@@ -12,7 +12,7 @@ from typing import Any, Self
 import psycopg
 from psycopg.abc import Params, Query
 
-from leasebox.db.queries import query, query_names
+from leasebox.db.queries import query, query_bytes, query_names
 
 
 class Statements:
@@ -20,11 +20,12 @@ class Statements:
 
     def __init__(self) -> None:
         self.sent: list[str] = []
-        self._names = {name: query(name) for name in query_names()}
+        # A statement is sent as its `sql.Composed`, or as its bytes on the hot paths.
+        self._names = {name: (query(name), query_bytes(name)) for name in query_names()}
 
     def name_of(self, statement: Query) -> str:
-        for name, named in self._names.items():
-            if statement == named:
+        for name, forms in self._names.items():
+            if any(statement == form for form in forms):
                 return name
         return "other"
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from leasebox.db.queries import DEFAULT_SCHEMA, query
+from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
 
 Connection = psycopg.AsyncConnection[Any]
 
@@ -147,8 +147,9 @@ async def claim(
         "now": now,
     }
     # In the binary format: each row's timestamps and numbers load without parsing text.
+    statement = query_bytes("claim" if content else "claim_without_content", schema)
     async with conn.cursor(row_factory=_claimed_rows, binary=True) as cur:
-        await cur.execute(query("claim" if content else "claim_without_content", schema), params)
+        await cur.execute(statement, params)
         return await cur.fetchall()
 
 
@@ -165,5 +166,5 @@ async def extend_leases(
         return {}
     params = {**lease_keys(leases), "lease_seconds": lease_seconds, "now": now}
     async with conn.cursor() as cur:
-        await cur.execute(query("extend_leases", schema), params)
+        await cur.execute(query_bytes("extend_leases", schema), params)
         return {int(outbox_id): expiry async for outbox_id, expiry in cur}

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from leasebox.db.queries import DEFAULT_SCHEMA, query
+from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
 from leasebox.states import DeadReason
 from leasebox.store.claiming import Connection, LeaseRef, lease_keys
 
@@ -78,7 +78,7 @@ async def mark_sent(
         "worker_id": worker_id,
     }
     async with conn.cursor() as cur:
-        await cur.execute(query("mark_sent", schema), params)
+        await cur.execute(query_bytes("mark_sent", schema), params)
         rows = await cur.fetchall()
     return dict(rows)
 
@@ -148,6 +148,6 @@ async def release_leases(
 
 async def _ids(conn: Connection, name: str, schema: str, params: dict[str, Any]) -> set[int]:
     async with conn.cursor() as cur:
-        await cur.execute(query(name, schema), params)
+        await cur.execute(query_bytes(name, schema), params)
         rows = await cur.fetchall()
     return {int(outbox_id) for (outbox_id,) in rows}

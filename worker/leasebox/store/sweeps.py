@@ -17,7 +17,7 @@ from datetime import datetime
 
 from psycopg.rows import class_row
 
-from leasebox.db.queries import DEFAULT_SCHEMA, query
+from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
 from leasebox.states import Status
 from leasebox.store.claiming import Connection
 
@@ -53,7 +53,7 @@ async def reclaim_expired_leases(
     """
     params = {"limit": limit, "now": now, "default_max_attempts": default_max_attempts}
     async with conn.cursor(row_factory=class_row(Reclaimed)) as cur:
-        await cur.execute(query("reclaim_expired_leases", schema), params)
+        await cur.execute(query_bytes("reclaim_expired_leases", schema), params)
         rows = await cur.fetchall()
     return [Reclaimed(row.id, row.kind, Status(row.status)) for row in rows]
 
@@ -67,5 +67,5 @@ async def dead_letter_expired(
 ) -> list[Expired]:
     """Dead-letter pending rows past their `expires_at` (reason `expired`)."""
     async with conn.cursor(row_factory=class_row(Expired)) as cur:
-        await cur.execute(query("dead_letter_expired", schema), {"limit": limit, "now": now})
+        await cur.execute(query_bytes("dead_letter_expired", schema), {"limit": limit, "now": now})
         return await cur.fetchall()
