@@ -23,7 +23,7 @@ import yaml
 from leasebox import OutboxMessage, enqueue
 from leasebox.testing.ports import free_port
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, Cluster, OperatorProcess, secret
+from support.kube.harness import OPERATOR_START_SECONDS, POOLS, Cluster, OperatorProcess, secret
 from support.kube.kubelet import Kubelet
 from support.waiting import wait_for
 
@@ -100,7 +100,9 @@ def test_a_pool_installed_from_the_chart_migrates_starts_and_sends(
     cluster = Cluster(kube_emulator, NAME)
     try:
         kube_emulator.create(*POOLS, json.loads(json.dumps(POOL)), namespace="default")
-        deployment = wait_for(cluster.deployment, what="the worker Deployment")
+        deployment = wait_for(
+            cluster.deployment, what="the worker Deployment", timeout=OPERATOR_START_SECONDS
+        )
         template = deployment["spec"]["template"]
         for field, value in TEMPLATE["spec"].items():
             assert template["spec"][field] == value, field

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, Cluster, running_operator
+from support.kube.harness import OPERATOR_START_SECONDS, POOLS, Cluster, running_operator
 from support.waiting import wait_for
 
 NAME = "otp"
@@ -77,7 +77,8 @@ def cluster(kube_emulator: KubeEmulator, db_dsn: str, tmp_path: Path) -> Iterato
     with running_operator(kube_emulator, db_dsn, tmp_path):
         kube_emulator.create(*POOLS, json.loads(json.dumps(POOL)), namespace="default")
         cluster = Cluster(kube_emulator, NAME)
-        wait_for(lambda: cluster.condition_is("Ready", "True"), what="Ready=True")
+        wait_for(lambda: cluster.condition_is("Ready", "True"), what="Ready=True",
+                 timeout=OPERATOR_START_SECONDS)  # fmt: skip
         wait_for(lambda: cluster.status().get("backlog"), what="a first backlog poll")
         yield cluster
 

@@ -22,7 +22,7 @@ import yaml
 from psycopg import conninfo, sql
 
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, Cluster, running_operator, secret
+from support.kube.harness import OPERATOR_START_SECONDS, POOLS, Cluster, running_operator, secret
 from support.outbox_rows import insert_backlog
 from support.waiting import wait_for
 
@@ -130,7 +130,9 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
     cluster.kube.create(*POOLS, json.loads(json.dumps(POOL)), namespace="default")
 
     # Applied: the Deployment, the PDB and the status appear.
-    deployment = wait_for(cluster.deployment, what="the worker Deployment")
+    deployment = wait_for(
+        cluster.deployment, what="the worker Deployment", timeout=OPERATOR_START_SECONDS
+    )
     assert deployment["spec"]["replicas"] == 1
     assert deployment["metadata"]["ownerReferences"][0]["kind"] == "OutboxWorkerPool"
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -18,7 +18,13 @@ import psycopg
 import pytest
 
 from support.kube.emulator import KubeEmulator
-from support.kube.harness import POOLS, Cluster, OperatorProcess, prepare_cluster
+from support.kube.harness import (
+    OPERATOR_START_SECONDS,
+    POOLS,
+    Cluster,
+    OperatorProcess,
+    prepare_cluster,
+)
 from support.outbox_rows import insert_backlog
 from support.waiting import wait_for
 
@@ -72,12 +78,13 @@ def operators(
     try:
         kube_emulator.create(*POOLS, json.loads(json.dumps(POOL)), namespace="default")
         cluster = Cluster(kube_emulator, NAME)
-        wait_for(lambda: cluster.condition_is("Ready", "True"), what="the leader to work")
+        wait_for(lambda: cluster.condition_is("Ready", "True"), what="the leader to work",
+                 timeout=OPERATOR_START_SECONDS)  # fmt: skip
         standby = OperatorProcess(kube_emulator, tmp_path, flags=[*PEERING, "--priority", "10"],
                                   identity="operator-b")  # fmt: skip
         # kopf starts an operator paused; a live peer of higher priority keeps it so.
         wait_for(lambda: "operator-b" in _peers(kube_emulator), what="the standby's keep-alive",
-                 timeout=20)  # fmt: skip
+                 timeout=OPERATOR_START_SECONDS)  # fmt: skip
         yield leader, standby
     finally:
         leader.stop()

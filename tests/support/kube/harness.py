@@ -90,6 +90,12 @@ def prepare_cluster(kube: KubeEmulator, database_dsn: str, provider_url: str = "
     kube.create("v1", "secrets", secret("leasebox-provider", "url", provider_url))
 
 
+# How long a test waits for a new operator's first answer (the pool's first child): it
+# includes the process's start-up (imports, login, the first watch), which a loaded machine
+# stretches to several seconds. Later answers come within `wait_for`'s default.
+OPERATOR_START_SECONDS = 60.0
+
+
 class OperatorProcess:
     """One `leasebox operator` subprocess against the emulated cluster."""
 
