@@ -32,6 +32,7 @@ import psycopg
 from psycopg import sql
 
 from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
+from leasebox.errors import DatabaseError
 
 PARTITIONED_TABLES = ("outbox", "history", "receipts")
 # Days of partitions kept ready ahead of today (and of a receipt's expiry day).
@@ -73,7 +74,8 @@ def day_partition_name(table: str, day: date) -> str:
 def database_today(conn: psycopg.Connection[Any]) -> date:
     """Today in UTC on the database's clock: the day a row written now gets."""
     row = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()
-    assert row is not None  # a SELECT of one expression returns one row
+    if row is None:
+        raise DatabaseError("the database returned no row for today's date")
     day: date = row[0]
     return day
 

@@ -37,7 +37,7 @@ from leasebox.db.partitions import (
     serialise_maintenance,
 )
 from leasebox.db.queries import DEFAULT_SCHEMA, query
-from leasebox.errors import ConfigurationError
+from leasebox.errors import ConfigurationError, DatabaseError
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
 
 
@@ -117,7 +117,8 @@ def _days(conn: psycopg.Connection[Any], retention_seconds: float) -> tuple[date
     ).fetchone()
     if not conn.autocommit:
         conn.commit()
-    assert row is not None  # a SELECT of expressions returns one row
+    if row is None:
+        raise DatabaseError("the database returned no row for today's date and the cutoff")
     today: date = row[0]
     cutoff: date = row[1]
     return today, cutoff
