@@ -91,6 +91,13 @@ def test_the_dead_letter_selection_is_written_once() -> None:
         assert "dead_reason = %(reason)s::text" in query(name).as_string()
 
 
+def test_a_receipts_message_is_looked_up_by_one_fragment_included_twice() -> None:
+    lookup = "WHERE m.id = rr.outbox_id AND m.bucket = rr.outbox_bucket"
+    assert QUERIES_TEXT.count(lookup) == 1
+    for name in ("find_receipt", "enqueue_many"):
+        assert lookup in query(name).as_string(), name
+
+
 def test_the_notify_channel_is_the_one_in_the_trigger_and_the_listen() -> None:
     assert NOTIFY_CHANNEL in query("listen").as_string()
     assert NOTIFY_CHANNEL not in QUERIES_TEXT

@@ -96,11 +96,12 @@ def named_queries(source: SqlFile = CORE) -> dict[str, NamedQuery]:
 
     def include(match: re.Match[str]) -> str:
         try:
-            return fragments[match.group(1)]
+            fragment = fragments[match.group(1)]
         except KeyError:
             raise ValueError(
                 f"{source.name} includes an unknown fragment {match.group(1)!r}"
             ) from None
+        return _INCLUDE.sub(include, fragment)  # a fragment may include another
 
     queries = {}
     for name, body in raw.items():

@@ -6,20 +6,24 @@
 -- A message is its `outbox` row (what to send) and, until it is sent, its `queue` row (where
 -- it is); `bucket` is the day partition of a message and of its history (schema.sql).
 
--- fragment: live_receipt
--- The live receipt of (scope, idempotency_key), with its message's delivery key. A live
--- receipt expires after now, so it lives in today's partition or a later one. Its message is
--- found by primary key (`LIMIT 1` keeps the lookup inside the receipt's loop: the planner
--- must not turn it into a scan of the outbox).
-SELECT r.request_hash, r.outbox_id, r.bucket, o.delivery_key
-FROM {schema}.receipts AS r
+-- fragment: receipt_message
+-- The message (`o`) the receipt `rr` names, by its primary key (id and day). `LIMIT 1` keeps
+-- the lookup inside the receipt's loop: joined on the id alone, the planner may scan the
+-- whole outbox once per receipt.
 CROSS JOIN LATERAL (
     SELECT m.delivery_key FROM {schema}.outbox AS m
-    WHERE m.id = r.outbox_id AND m.bucket = r.outbox_bucket
+    WHERE m.id = rr.outbox_id AND m.bucket = rr.outbox_bucket
     LIMIT 1
 ) AS o
-WHERE r.scope = %(scope)s AND r.idempotency_key = %(idempotency_key)s
-  AND r.bucket >= (now() AT TIME ZONE 'UTC')::date AND r.expires_at > now()
+
+-- fragment: live_receipt
+-- The live receipt of (scope, idempotency_key), with its message's delivery key. A live
+-- receipt expires after now, so it lives in today's partition or a later one.
+SELECT rr.request_hash, rr.outbox_id, rr.bucket, o.delivery_key
+FROM {schema}.receipts AS rr
+-- include: receipt_message
+WHERE rr.scope = %(scope)s AND rr.idempotency_key = %(idempotency_key)s
+  AND rr.bucket >= (now() AT TIME ZONE 'UTC')::date AND rr.expires_at > now()
 LIMIT 1
 
 -- fragment: receipt_reused
@@ -150,20 +154,14 @@ WITH input AS (
               idempotency_key, request_hash, ord)
 ),
 -- Each lookup is a LATERAL with LIMIT 1 (a key has one live receipt and one message), so
--- that it stays one index probe per partition and message however large the tables are: a
--- receipt's message is found by its primary key inside the receipt's loop, never by a join
--- the planner could turn into a scan of the outbox per message.
+-- that it stays one index probe per partition and message however large the tables are.
 found AS (
     SELECT i.ord, r.outbox_id, r.bucket, r.delivery_key, r.request_hash = i.request_hash AS same
     FROM input AS i
     CROSS JOIN LATERAL (
         SELECT rr.outbox_id, rr.bucket, rr.request_hash, o.delivery_key
         FROM {schema}.receipts AS rr
-        CROSS JOIN LATERAL (
-            SELECT m.delivery_key FROM {schema}.outbox AS m
-            WHERE m.id = rr.outbox_id AND m.bucket = rr.outbox_bucket
-            LIMIT 1
-        ) AS o
+        -- include: receipt_message
         WHERE i.idempotency_key IS NOT NULL
           AND rr.scope = %(scope)s AND rr.idempotency_key = i.idempotency_key
           AND rr.bucket >= (now() AT TIME ZONE 'UTC')::date AND rr.expires_at > now()
