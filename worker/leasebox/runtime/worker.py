@@ -371,11 +371,13 @@ class Worker:
     def _move_cursors(self, rows: list[ClaimedMessage], *, full: bool, rescanned: bool) -> None:
         """Remember where each kind's claim ended, or forget it when the claim came back short
         (the next claim then reads from the start, as it does after `RESCAN_EVERY` claims)."""
-        if rescanned or not full:
+        if not full:
             self._cursors = {}
             self._cursor_claims = 0
-        if not full:
             return
+        if rescanned:
+            self._cursors = {}
+            self._cursor_claims = 0
         self._cursor_claims += 1
         last = {message.kind: message for message in rows}  # the rows are in index order
         for kind, message in last.items():
