@@ -142,6 +142,24 @@ async def test_a_row_committed_behind_the_claims_is_sent_while_the_backlog_lasts
     assert order.index(late) <= 6 + RESCAN_EVERY < len(backlog)
 
 
+async def test_a_short_claim_after_full_ones_drops_their_cursor_so_a_row_behind_it_is_sent(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+) -> None:
+    # One row a claim: every claim that finds a row is full and moves the cursor past it.
+    settings = replace(SETTINGS, concurrency=1, batch_size=1)
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings)
+    async with running(worker):
+        first = [db_insert(recipient=f"r{i}@example.com") for i in range(2)]
+        await eventually(lambda: len(fake_provider.sent) == 2)  # then a claim finds nothing
+        late = db_insert(available_at=fake_clock.now - timedelta(hours=2))  # behind the cursor
+        with contextlib.suppress(TimeoutError):  # judged below: a worker that never sends it
+            await eventually(lambda: len(fake_provider.sent) == 3, within=5)
+    assert [email.outbox_id for email in fake_provider.sent] == [*first, late]
+
+
 async def test_a_short_claim_forgets_its_cursor_so_the_next_claim_reads_from_the_start(
     db_pool: AsyncConnectionPool,
     fake_provider: ScriptedProvider,
