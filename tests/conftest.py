@@ -14,13 +14,15 @@ The rigs they are built from live in `support/`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import psycopg
 import pytest
+import uvloop
 from psycopg import conninfo, sql
 
 from leasebox.db.migrations import migrate
@@ -30,6 +32,29 @@ pytest_plugins = ["support.kube.emulator"]
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 TEMPLATE_DB = f"leasebox_template_{os.getpid()}"
+# The providers' own tests run on both loops a worker may choose (`--event-loop`): that is
+# where the loops differ (the SMTP provider takes over each connection's transport, and
+# uvloop's transports are not asyncio's classes). Everything else runs on asyncio's loop.
+BOTH_LOOPS = frozenset(
+    {
+        "test_smtp_provider.py",
+        "test_smtp_pipelining.py",
+        "test_hostile_smtp.py",
+        "test_http_provider.py",
+        "test_http_readiness_and_replies.py",
+        "test_hostile_http.py",
+        "test_mail_services.py",
+    }
+)
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    del config
+    if item.path.name in BOTH_LOOPS:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 def _with_dbname(dsn: str, dbname: str) -> str:

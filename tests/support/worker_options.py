@@ -31,6 +31,7 @@ SAMPLES: dict[str, Any] = {
     "metrics_host": "127.0.0.1",
     "log_format": "json",
     "log_level": "debug",
+    "event_loop": "asyncio",
     "worker_id": "pod-a",
 }
 REQUIRED = {"LEASEBOX_DSN": "postgresql://app@db/app"}

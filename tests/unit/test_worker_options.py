@@ -84,6 +84,7 @@ def test_the_help_names_every_flag_and_variable(capsys: pytest.CaptureFixture[st
         ("LEASEBOX_LEASE_SECONDS", "inf", "LEASEBOX_LEASE_SECONDS must be a finite number"),
         ("LEASEBOX_DRAIN", "maybe", "LEASEBOX_DRAIN must be true or false"),
         ("LEASEBOX_SCHEMA", "Mail-Box", "LEASEBOX_SCHEMA: invalid schema name"),
+        ("LEASEBOX_EVENT_LOOP", "tokio", "LEASEBOX_EVENT_LOOP must be auto, asyncio or uvloop"),
     ],
 )
 def test_a_malformed_variable_is_one_error_naming_it(variable: str, raw: str, message: str) -> None:

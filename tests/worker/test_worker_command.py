@@ -23,6 +23,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from leasebox.cli.main import main
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from leasebox.testing.ports import free_port
+from support.mail_servers import RecordingHandler, SmtpServer, serve
 from support.worker_doubles import Insert, statuses
 from support.worker_options import REQUIRED, SAMPLES
 
@@ -234,6 +235,38 @@ def test_a_worker_process_drains_and_exits_0(
     assert process.returncode == 0, err
     assert statuses(db_conn) == {"sent": 20}
     assert out.count("leasebox log provider: accepted") == 20
+
+
+@pytest.fixture
+def smtp_recorder() -> Iterator[SmtpServer]:
+    yield from serve(RecordingHandler())
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_a_worker_process_sends_over_smtp_on_the_event_loop_it_is_told_and_says_which(
+    db_dsn: str,
+    db_insert: Insert,
+    db_conn: psycopg.Connection,
+    smtp_recorder: SmtpServer,
+    event_loop: str,
+) -> None:
+    for _ in range(20):
+        db_insert()
+    process = _worker_process(
+        db_dsn,
+        "--provider",
+        smtp_recorder.url(),
+        "--drain",
+        "--metrics-port",
+        "0",
+        env={"LEASEBOX_EVENT_LOOP": event_loop},
+    )
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert statuses(db_conn) == {"sent": 20}
+    assert len(smtp_recorder.handler.delivered) == 20
+    [started] = [json.loads(line) for line in err.splitlines() if "worker started" in line]
+    assert started["event_loop"] == event_loop
 
 
 def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(

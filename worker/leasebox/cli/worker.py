@@ -84,10 +84,10 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    import asyncio
     import sys
 
     from leasebox.errors import ConfigurationError
+    from leasebox.runtime.event_loops import run
     from leasebox.runtime.logs import configure_logging, default_format, remove_logging
     from leasebox.runtime.process import secret_values, serve
 
@@ -101,6 +101,6 @@ def run_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     try:
-        return asyncio.run(serve(config))
+        return run(lambda: serve(config), config.event_loop)
     finally:
         remove_logging(handler)

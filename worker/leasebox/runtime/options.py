@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
 from leasebox.errors import ConfigurationError
 from leasebox.messages import BUILTIN_KINDS
+from leasebox.runtime.event_loops import AUTO, event_loop_choice
 
 T = TypeVar("T")
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -254,6 +255,14 @@ LOG_LEVEL = Option(
     "debug, info, warning or error",
     Target.PROCESS,
 )
+EVENT_LOOP = Option(
+    "event_loop",
+    "LEASEBOX_EVENT_LOOP",
+    event_loop_choice,
+    AUTO,
+    "auto (uvloop when installed, else asyncio), uvloop or asyncio",
+    Target.PROCESS,
+)
 WORKER_ID = Option[str | None](
     "worker_id",
     "LEASEBOX_WORKER_ID",
@@ -282,6 +291,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     METRICS_HOST,
     LOG_FORMAT,
     LOG_LEVEL,
+    EVENT_LOOP,
     WORKER_ID,
 )
 BY_NAME: Mapping[str, Option[Any]] = {option.name: option for option in OPTIONS}

@@ -66,6 +66,9 @@ class ProcessConfig:
     provider_timeout: float = 10.0
     metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
     metrics_port: int = 9108
+    event_loop: str = "auto"
+    """`auto`, `uvloop` or `asyncio` (`leasebox.runtime.event_loops`); `serve` runs on
+    whatever loop it is given and only reports which."""
 
 
 async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> int:

@@ -56,6 +56,7 @@ from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
 from leasebox.runtime.dispatching import ReadyRows
+from leasebox.runtime.event_loops import running_loop_name
 from leasebox.runtime.leases import Held
 from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
@@ -210,6 +211,7 @@ class Worker:
                 "lease_seconds": s.lease_seconds,
                 "provider": self._provider.name,
                 "secrets": self.secrets_mode,
+                "event_loop": running_loop_name(),
             },
         )
         if not self._cipher.encrypts:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from email.headerregistry import Address
 from email.utils import parseaddr
 from functools import lru_cache
+from typing import cast
 
 import aiosmtplib
 
@@ -320,7 +321,9 @@ class SmtpProvider:
             if client.is_ehlo_or_helo_needed:  # a plain session without AUTH has not greeted
                 await _greet(client)
             transport = client.transport
-            if not isinstance(transport, asyncio.Transport) or transport.is_closing():
+            # Not an isinstance check: uvloop's transports are transports without
+            # subclassing asyncio's, and they would all look closed.
+            if transport is None or transport.is_closing():
                 raise aiosmtplib.SMTPServerDisconnected("the connection closed on its own")
         except Exception as exc:
             client.close()
@@ -329,7 +332,7 @@ class SmtpProvider:
                 raise TransientProviderError(error.code, str(error)) from None
             raise error from None
         return SmtpWire.take_over(
-            transport,
+            cast("asyncio.Transport", transport),
             timeout=settings.timeout,
             pipelining=client.supports_extension("pipelining"),
             size=client.supports_extension("size"),
