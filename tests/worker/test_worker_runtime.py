@@ -124,9 +124,10 @@ async def test_a_row_committed_behind_the_claims_is_sent_while_the_backlog_lasts
         for i in range(40)
     ]
     # One row a claim, one send at a time: every claim comes back full, so each reads on from
-    # where the last one ended.
+    # where the last one ended. With a poll interval far shorter than sixteen claims take, the
+    # claim count alone says when one reads from the start.
     release = fake_provider.hold("r4@example.com")
-    settings = replace(SETTINGS, concurrency=1, batch_size=1, drain=True)
+    settings = replace(SETTINGS, concurrency=1, batch_size=1, drain=True, poll_interval=0.001)
     task = asyncio.get_running_loop().create_task(
         make_worker(db_pool, fake_provider, fake_clock, settings).run()
     )
@@ -140,6 +141,36 @@ async def test_a_row_committed_behind_the_claims_is_sent_while_the_backlog_lasts
     # A rescan from the start found it while the backlog lasted, not the end of the backlog.
     assert order.index(late) < len(backlog)
     assert order.index(late) <= 6 + RESCAN_EVERY < len(backlog)
+
+
+async def test_a_draining_worker_reads_from_the_start_no_more_than_once_a_poll_interval(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each read from the start walks the index entries of every row claimed since the last
+    # vacuum: a long backlog must not pay for one every few claims.
+    starts: list[bool] = []
+    claim = claiming.claim
+
+    async def counted(*args: Any, **kwargs: Any) -> list[ClaimedMessage]:
+        starts.append(not kwargs["after"])
+        return await claim(*args, **kwargs)
+
+    monkeypatch.setattr(claiming, "claim", counted)
+    backlog = [db_insert(recipient=f"r{i}@example.com") for i in range(3 * RESCAN_EVERY)]
+    settings = replace(SETTINGS, concurrency=1, batch_size=1, drain=True, poll_interval=3600)
+    async with asyncio.timeout(30):
+        await make_worker(db_pool, fake_provider, fake_clock, settings).run()
+    assert sorted(e.outbox_id for e in fake_provider.sent) == backlog
+    # The first claim and the short ones at the end read from the start; the full claims in
+    # between, three times `RESCAN_EVERY` of them, all read on from their cursor.
+    assert starts[0]
+    full = starts[1 : len(backlog)]
+    assert len(full) == len(backlog) - 1
+    assert not any(full)
 
 
 async def test_a_short_claim_after_full_ones_drops_their_cursor_so_a_row_behind_it_is_sent(
