@@ -10,7 +10,8 @@ import pytest
 
 from leasebox.cli.common import parse_duration
 from leasebox.cli.main import main
-from leasebox.errors import ConfigurationError
+from leasebox.db.partitions import ensure_partitions
+from leasebox.errors import ConfigurationError, DatabaseError
 from leasebox.store.dead_letters import (
     DeadLetterFilter,
     count_dead_letters,
@@ -144,6 +145,27 @@ def test_prune_drops_old_days_and_keeps_what_is_still_wanted(
     assert keys == [("b",), ("late",)]
     again = prune(db_conn, retention_seconds=7 * 86400)
     assert (again.sent, again.receipts, again.kept, again.partitions) == (0, 0, 0, ())
+
+
+def test_prune_gives_up_at_once_on_a_day_another_transaction_reads_and_drops_nothing(
+    db_conn: psycopg.Connection, db_dsn: str, db_insert: Insert, db_now: datetime
+) -> None:
+    # A lock request that waits queues every later reader of that day behind it (an
+    # explicit delivery key's lookup reads every day): prune must not wait on a long reader.
+    old = [db_insert(status="sent", sent_at=db_now - timedelta(days=9)) for _ in range(3)]
+    ensure_partitions(db_conn)  # their day gets its partition, as it would have had
+    db_conn.execute("SET statement_timeout = '10s'")  # a prune that waits fails, not hangs
+    db_conn.commit()
+    with psycopg.connect(db_dsn) as reader:
+        reader.execute("SELECT count(*) FROM leasebox.messages")  # its transaction stays open
+        with pytest.raises((DatabaseError, psycopg.Error)) as caught:
+            prune(db_conn, retention_seconds=7 * 86400)
+        assert isinstance(caught.value, DatabaseError), f"prune waited: {caught.value}"
+        assert "another transaction is using the days to drop" in str(caught.value)
+        assert "nothing was dropped" in str(caught.value)
+        assert {r[0] for r in db_conn.execute("SELECT id FROM leasebox.messages")} >= set(old)
+        db_conn.rollback()
+    assert prune(db_conn, retention_seconds=7 * 86400).sent == 3
 
 
 def test_the_dead_letter_commands_list_requeue_and_purge(

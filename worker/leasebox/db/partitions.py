@@ -164,7 +164,7 @@ def _create_day(
         _serialise(conn, schema)
         if any(p.holds(day) for p in list_partitions(conn, table, schema)):
             return None
-        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+        bound_lock_waits(conn)
         conn.execute(
             sql.SQL(
                 "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH ({})"
@@ -189,11 +189,18 @@ def drop_partitions(
     conn: psycopg.Connection[Any], partitions: Iterable[Partition], schema: str = DEFAULT_SCHEMA
 ) -> None:
     """Drop `partitions` (none of them a default one) in the caller's transaction."""
-    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+    bound_lock_waits(conn)
     for partition in partitions:
         if partition.default:
             raise ValueError(f"{partition.name} is a default partition; it is never dropped")
         conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, partition.name)))
+
+
+def bound_lock_waits(conn: psycopg.Connection[Any]) -> None:
+    """Make every lock the caller's transaction waits for from now on wait `LOCK_TIMEOUT` at
+    most (then `LockNotAvailable`): a request for an exclusive lock that waits queues every
+    later reader and writer of the table behind it."""
+    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
 
 
 def _serialise(conn: psycopg.Connection[Any], schema: str) -> None:

@@ -29,8 +29,10 @@ import psycopg
 from psycopg import sql
 
 from leasebox.db.partitions import (
+    LOCK_TIMEOUT,
     PARTITIONED_TABLES,
     Partition,
+    bound_lock_waits,
     drop_partitions,
     ensure_partitions,
     list_partitions,
@@ -77,6 +79,16 @@ def prune(
         )
     if not conn.autocommit:
         conn.commit()
+    try:
+        return _prune(conn, retention_seconds, schema)
+    except psycopg.errors.LockNotAvailable:
+        raise DatabaseError(
+            f"another transaction is using the days to drop (it held a lock for over "
+            f"{LOCK_TIMEOUT}): nothing was dropped; run prune again when it is done"
+        ) from None
+
+
+def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str) -> PruneResult:
     ensure_partitions(conn, schema)
     today, cutoff = _days(conn, retention_seconds)
     # Counted before the partitions are locked, so that the lock (which every statement
@@ -99,6 +111,7 @@ def prune(
             for table in PARTITIONED_TABLES
         }
         dropped = [p for partitions in old.values() for p in partitions]
+        bound_lock_waits(conn)  # after the maintenance lock: another prune may take long
         _hold(conn, dropped, schema)
         kept = _keep_wanted(conn, schema, today, cutoff, short=cutoff >= today)
         drop_partitions(conn, dropped, schema)
