@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+import uvloop
 
 from leasebox.errors import ConfigurationError
 from leasebox.runtime.event_loops import event_loop_choice, loop_factory, run, running_loop_name
@@ -23,7 +25,7 @@ def without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_auto_runs_the_worker_on_uvloop_when_it_is_installed() -> None:
-    assert loop_factory("auto")[0] == "uvloop"
+    assert loop_factory("auto") is uvloop.new_event_loop
     assert run(_loop_name, "auto") == "uvloop"
 
 
@@ -37,7 +39,7 @@ def test_uvloop_runs_on_uvloop() -> None:
 
 @pytest.mark.usefixtures("without_uvloop")
 def test_auto_falls_back_to_asyncio_where_uvloop_is_missing() -> None:
-    assert loop_factory("auto")[0] == "asyncio"
+    assert loop_factory("auto") is asyncio.new_event_loop
     assert run(_loop_name, "auto") == "asyncio"
 
 

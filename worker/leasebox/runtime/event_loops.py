@@ -42,35 +42,27 @@ def event_loop_choice(value: str) -> str:
     return chosen
 
 
-def _uvloop_factory() -> LoopFactory | None:
+def loop_factory(choice: str) -> LoopFactory:
+    """What makes a loop of `choice` (`running_loop_name` says which one runs)."""
+    if choice == ASYNCIO:
+        return asyncio.new_event_loop
     try:
         import uvloop
     except ImportError:
-        return None
+        if choice == UVLOOP:
+            raise ConfigurationError(
+                "the uvloop event loop was asked for (--event-loop uvloop), but uvloop is not "
+                "installed: install it (pip install uvloop) or choose auto or asyncio"
+            ) from None
+        return asyncio.new_event_loop
     factory: LoopFactory = uvloop.new_event_loop
     return factory
-
-
-def loop_factory(choice: str) -> tuple[str, LoopFactory]:
-    """The name of the loop `choice` comes to, and what makes one."""
-    if choice == ASYNCIO:
-        return ASYNCIO, asyncio.new_event_loop
-    factory = _uvloop_factory()
-    if factory is not None:
-        return UVLOOP, factory
-    if choice == UVLOOP:
-        raise ConfigurationError(
-            "the uvloop event loop was asked for (--event-loop uvloop), but uvloop is not "
-            "installed: install it (pip install uvloop) or choose auto or asyncio"
-        )
-    return ASYNCIO, asyncio.new_event_loop
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]], choice: str) -> T:
     """`main()` to completion on a new loop of `choice` (closed afterwards, as
     `asyncio.run` closes its own)."""
-    _, factory = loop_factory(choice)
-    with asyncio.Runner(loop_factory=factory) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
         return runner.run(main())
 
 
