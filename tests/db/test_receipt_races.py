@@ -9,16 +9,13 @@ it should: the same send, a conflict, or a send of its own.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from leasebox import IdempotencyConflict, OutboxMessage, Receipt, enqueue, enqueue_many
 from support.outbox_rows import count
-from support.waiting import waiting_on_a_lock
+from support.waiting import second_while_first_is_open
 
 KEY = "signup-42"
 SCOPE = "login"
@@ -31,45 +28,6 @@ def otp(recipient: str = "ada@example.com") -> OutboxMessage:
 def request(conn: psycopg.Connection[Any], recipient: str = "ada@example.com") -> Receipt:
     """The API request under test: an OTP for `recipient` under the key `KEY`."""
     return enqueue(conn, otp(recipient), idempotency_key=KEY, scope=SCOPE)
-
-
-def second_while_first_is_open(
-    db_dsn: str,
-    db_conn: psycopg.Connection[Any],
-    first: psycopg.Connection[Any],
-    second: Callable[[psycopg.Connection[Any]], Any],
-    *,
-    commit_first: bool = True,
-) -> Any:
-    """Run `second` on its own connection; once it waits for `first`, end `first`; return
-    what `second` returned or raised."""
-    answers: list[Any] = []
-
-    def run() -> None:
-        try:
-            with psycopg.connect(db_dsn, application_name="second-request") as conn:
-                answers.append(second(conn))
-                conn.commit()
-        except BaseException as exc:  # asserted by the caller
-            answers.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not waiting_on_a_lock(db_conn, "second-request"):
-            assert time.monotonic() < deadline, "the second request never waited for the first"
-            assert thread.is_alive(), f"the second request did not wait: {answers!r}"
-            time.sleep(0.01)
-        if commit_first:
-            first.commit()
-        else:
-            first.rollback()
-    finally:
-        thread.join(timeout=30)
-        first.close()
-    [answer] = answers
-    return answer
 
 
 def test_a_request_waits_for_an_uncommitted_one_with_its_key_and_gets_its_send(

@@ -18,7 +18,7 @@ def test_every_named_statement_becomes_text_with_the_same_binds(name: str) -> No
     original = statement_text(name, "leasebox")
     translated, names = named_binds(name, "leasebox")
 
-    assert set(re.findall(r"%\((\w+)\)s", original)) == names
+    assert set(re.findall(r"%\((\w+)\)[sb]", original)) == names
     clause = statement(name, dict.fromkeys(names), "leasebox")
     assert set(clause.compile().params) == names
     assert "%(" not in translated

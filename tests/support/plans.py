@@ -37,6 +37,24 @@ def plan_of(
     return row[0][0]["Plan"]
 
 
+def rescans(plan: Any) -> list[str]:
+    """The CTE scans the plan runs once per row of something else: the inner side of a
+    nested loop, or a subplan. A statement whose sets of rows are CTEs costs the product of
+    their sizes when one of them is read that way."""
+    found: list[str] = []
+
+    def walk(node: dict[str, Any], per_row: bool) -> None:
+        if per_row and node["Node Type"] == "CTE Scan":
+            found.append(f"CTE Scan on {node['CTE Name']}")
+        for child in node.get("Plans", []):
+            relation = child.get("Parent Relationship")
+            inner_loop = node["Node Type"] == "Nested Loop" and relation == "Inner"
+            walk(child, per_row or inner_loop or relation == "SubPlan")
+
+    walk(plan, False)
+    return found
+
+
 def nodes(plan: Any) -> list[dict[str, Any]]:
     """Every node of the plan, depth first."""
     found = [plan]
@@ -99,7 +117,7 @@ def indexes(conn: psycopg.Connection[Any], plan: Any, *, schema: str = "leasebox
     return found
 
 
-_PARAMETER = re.compile(r"%\((\w+)\)s")
+_PARAMETER = re.compile(r"%\((\w+)\)[sb]")
 
 
 def generic_plan_of(

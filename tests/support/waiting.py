@@ -2,11 +2,13 @@
 
 Tests synchronise on positive signals (an object appears, a condition flips), never on a
 fixed sleep: `wait_for` polls a probe until it returns something truthy and fails with
-what it waited for and the last value it saw.
+what it waited for and the last value it saw; `second_while_first_is_open` proves that a
+statement waits for another transaction's lock before it lets that transaction end.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -37,3 +39,42 @@ def waiting_on_a_lock(conn: psycopg.Connection[Any], application_name: str) -> b
     ).fetchone()
     conn.rollback()
     return bool(row and row[0])
+
+
+def second_while_first_is_open(
+    db_dsn: str,
+    db_conn: psycopg.Connection[Any],
+    first: psycopg.Connection[Any],
+    second: Callable[[psycopg.Connection[Any]], Any],
+    *,
+    commit_first: bool = True,
+) -> Any:
+    """Run `second` on its own connection; once it waits for `first`, end `first`; return
+    what `second` returned or raised."""
+    answers: list[Any] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(db_dsn, application_name="second-request") as conn:
+                answers.append(second(conn))
+                conn.commit()
+        except BaseException as exc:  # asserted by the caller
+            answers.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not waiting_on_a_lock(db_conn, "second-request"):
+            assert time.monotonic() < deadline, "the second request never waited for the first"
+            assert thread.is_alive(), f"the second request did not wait: {answers!r}"
+            time.sleep(0.01)
+        if commit_first:
+            first.commit()
+        else:
+            first.rollback()
+    finally:
+        thread.join(timeout=30)
+        first.close()
+    [answer] = answers
+    return answer

@@ -8,7 +8,8 @@ the advisory locks of all its keys, so a batch of N costs one round trip whateve
 Each message behaves as it would through `enqueue`: a live receipt of the same request is
 reused (and counted), a delivery key already in the outbox with the same message is the same
 send, a new one is written with its receipt. Inside the batch, a key given twice for the same
-request is one send (the later one gets the earlier one's receipt, `reused=True`).
+request is one send (the later one gets the earlier one's receipt, `reused=True`), and so is
+an explicit delivery key given twice for the same message.
 
 A conflict (a key reused for a different request, against the database or inside the batch)
 writes nothing at all: `BatchConflict` lists every offending message, so the caller can drop
@@ -44,8 +45,8 @@ class _Batch:
 
     lock: _Statement | None
     write: _Statement
-    # For each input message: its position among the rows written (`ord` - 1), and whether
-    # an earlier message of the batch already stands for the same send.
+    # For each input message: its position among the rows sent to the statement (`ord` - 1),
+    # and whether it repeats an earlier message's idempotency key (and is not sent itself).
     slots: tuple[tuple[int, bool], ...]
     keys: tuple[str | None, ...]
     scope: str | None
@@ -81,7 +82,6 @@ def _prepare(
     conflicts: list[ConflictingRequest] = []
     by_key: dict[str, tuple[int, str]] = {}  # idempotency key -> (slot, fingerprint)
     by_delivery_key: dict[str, str] = {}  # explicit delivery key -> message hash
-    written_keys: set[str] = set()
     for index, message in enumerate(messages):
         key = keys[index]
         message_hash = message.request_hash()
@@ -94,17 +94,14 @@ def _prepare(
                 slots.append((earlier[0], True))
                 continue
         explicit = message.delivery_key
-        repeated = False
         if explicit is not None:
             known = by_delivery_key.setdefault(explicit, message_hash)
             if known != message_hash:
                 conflicts.append(ConflictingRequest(index, None, explicit, None))
-            repeated = explicit in written_keys
-            written_keys.add(explicit)
         slot = len(columns["kinds"])
         if key is not None:
             by_key[key] = (slot, fingerprint)
-        slots.append((slot, repeated))
+        slots.append((slot, False))
         columns["kinds"].append(message.kind)
         columns["aggregate_ids"].append(message.aggregate_id)
         columns["recipients"].append(message.recipient)
@@ -176,8 +173,12 @@ def _per_message(values: Sequence[str | None] | None, count: int, name: str) -> 
 
 
 def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
-    """The receipts in input order, from the statement's rows (one per row written)."""
-    written: dict[int, tuple[str, int | None, str]] = {}
+    """The receipts in input order, from the statement's rows (one per message sent to it).
+
+    A row's `source` is `inserted` (this message wrote the send), `repeat` (an earlier message
+    of the batch with the same delivery key did), `existing`, `receipt`, or a conflict.
+    """
+    written: dict[int, tuple[str, int, str]] = {}
     conflicts: list[ConflictingRequest] = []
     for ord_, source, outbox_id, delivery_key in rows:
         slot = int(ord_) - 1
@@ -187,17 +188,12 @@ def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
             conflicts.append(
                 ConflictingRequest(index, key, None if key else delivery_key, int(outbox_id))
             )
-        written[slot] = (source, None if outbox_id is None else int(outbox_id), delivery_key)
+        written[slot] = (source, int(outbox_id), delivery_key)
     if conflicts:
         raise BatchConflict(batch.scope_name, sorted(conflicts, key=lambda c: c.index))
     receipts = []
     for index, (slot, repeated) in enumerate(batch.slots):
         source, outbox_id, delivery_key = written[slot]
-        if outbox_id is None:
-            raise DatabaseError(
-                f"an outbox row with delivery key {delivery_key!r} was written concurrently "
-                "without leasebox's lock; retry the transaction"
-            )
         key = batch.keys[index]
         receipts.append(
             Receipt(
@@ -209,6 +205,22 @@ def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
             )
         )
     return receipts
+
+
+def _written_by_hand(exc: psycopg.errors.UniqueViolation) -> DatabaseError | None:
+    """The error for a delivery key that another transaction wrote without leasebox's lock.
+
+    Under the batch's locks no other leasebox producer can write one of its delivery keys, so
+    a row that breaks the delivery key's unique index was inserted by hand while the batch
+    ran. None for any other index (passed on as it is).
+    """
+    if "delivery_key" not in (exc.diag.constraint_name or ""):
+        return None
+    return DatabaseError(
+        "an outbox row with one of the batch's delivery keys was written concurrently "
+        f"without leasebox's lock ({exc.diag.message_detail or exc}); nothing of the batch "
+        "was written; roll back and retry the transaction"
+    )
 
 
 def enqueue_many(
@@ -241,16 +253,22 @@ def enqueue_many(
     )
     if not batch.slots:
         return []
-    with conn.cursor() as cur:
-        if batch.lock is not None:
-            # One round trip: the locks are taken by the statement before the writer, so the
-            # writer's snapshot sees whatever a previous holder of a lock committed.
-            with conn.pipeline():
-                conn.execute(*batch.lock, prepare=True)
+    try:
+        with conn.cursor() as cur:
+            if batch.lock is not None:
+                # One round trip: the locks are taken by the statement before the writer, so
+                # the writer's snapshot sees whatever a previous holder of a lock committed.
+                with conn.pipeline():
+                    conn.execute(*batch.lock, prepare=True)
+                    cur.execute(*batch.write, prepare=True)
+            else:
                 cur.execute(*batch.write, prepare=True)
-        else:
-            cur.execute(*batch.write, prepare=True)
-        rows = cur.fetchall()
+            rows = cur.fetchall()
+    except psycopg.errors.UniqueViolation as exc:
+        error = _written_by_hand(exc)
+        if error is None:
+            raise
+        raise error from exc
     return _receipts(batch, rows)
 
 
@@ -279,12 +297,18 @@ async def enqueue_many_async(
     )
     if not batch.slots:
         return []
-    async with conn.cursor() as cur:
-        if batch.lock is not None:
-            async with conn.pipeline():
-                await conn.execute(*batch.lock, prepare=True)
+    try:
+        async with conn.cursor() as cur:
+            if batch.lock is not None:
+                async with conn.pipeline():
+                    await conn.execute(*batch.lock, prepare=True)
+                    await cur.execute(*batch.write, prepare=True)
+            else:
                 await cur.execute(*batch.write, prepare=True)
-        else:
-            await cur.execute(*batch.write, prepare=True)
-        rows = await cur.fetchall()
+            rows = await cur.fetchall()
+    except psycopg.errors.UniqueViolation as exc:
+        error = _written_by_hand(exc)
+        if error is None:
+            raise
+        raise error from exc
     return _receipts(batch, rows)

@@ -25,8 +25,9 @@ T = TypeVar("T")
 Execute = Callable[[str, dict[str, Any]], Row]
 ExecuteAsync = Callable[[str, dict[str, Any]], Awaitable[Row]]
 
-_PYFORMAT = re.compile(r"%\((\w+)\)s")
-_CAST_AFTER = re.compile(r"%\((\w+)\)s(?=::)")
+# `%(name)b` asks psycopg for the binary format; to any other driver it is a bind like the rest.
+_PYFORMAT = re.compile(r"%\((\w+)\)[sb]")
+_CAST_AFTER = re.compile(r"%\((\w+)\)([sb])(?=::)")
 # A `:word` that SQLAlchemy's text() would take for a bind but is not one of ours (a cast
 # such as `::text` is safe: text() skips double colons).
 _STRAY_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
@@ -51,9 +52,9 @@ def named_binds(name: str, schema: str) -> tuple[str, frozenset[str]]:
         raise ValueError(f"query {name!r} has a ':word' that would be read as a bind")
     names = frozenset(_PYFORMAT.findall(text))
     # `:name::type` would end the bind name at the cast for text(); a space keeps it a bind.
-    translated = _PYFORMAT.sub(lambda m: f":{m.group(1)}", _CAST_AFTER.sub(r"%(\1)s ", text))
+    translated = _PYFORMAT.sub(lambda m: f":{m.group(1)}", _CAST_AFTER.sub(r"%(\1)\2 ", text))
     if "%" in translated.replace("%%", ""):
-        raise ValueError(f"query {name!r} has a parameter that is not %(name)s")
+        raise ValueError(f"query {name!r} has a parameter that is not %(name)s or %(name)b")
     return translated.replace("%%", "%"), names
 
 

@@ -140,102 +140,111 @@ FROM (
 -- The callers hold the advisory locks of every idempotency key and explicit delivery key of
 -- the batch (`lock_keys`, pipelined before this), and give each idempotency key once. A row
 -- per input (`ord`) says what happened to it; a conflict anywhere writes nothing at all.
+-- No step joins one set of the batch's rows to another (the planner, which cannot know a
+-- prepared statement's batch size, would loop over one set for each row of the other): each
+-- message is looked up on its own (a LATERAL with LIMIT 1, one index probe per partition),
+-- and the rest are passes over the batch and one window, so the cost grows with the size of
+-- the batch, not with its square. Arrays come in binary, which psycopg dumps without quoting.
 WITH input AS (
     SELECT *
-    FROM unnest(%(kinds)s::text[], %(aggregate_ids)s::text[], %(recipients)s::text[],
-                %(recipient_keys)s::text[], %(message_hashes)s::text[], %(templates)s::text[],
-                %(data)s::jsonb[], %(secrets)s::bytea[], %(delivery_keys)s::text[],
-                %(explicit_keys)s::bool[], %(max_attempts)s::int[],
-                %(available_at)s::timestamptz[], %(expires_at)s::timestamptz[],
-                %(idempotency_keys)s::text[], %(request_hashes)s::text[])
+    FROM unnest(%(kinds)b::text[], %(aggregate_ids)b::text[], %(recipients)b::text[],
+                %(recipient_keys)b::text[], %(message_hashes)b::text[], %(templates)b::text[],
+                %(data)b::jsonb[], %(secrets)b::bytea[], %(delivery_keys)b::text[],
+                %(explicit_keys)b::bool[], %(max_attempts)b::int[],
+                %(available_at)b::timestamptz[], %(expires_at)b::timestamptz[],
+                %(idempotency_keys)b::text[], %(request_hashes)b::text[])
          WITH ORDINALITY
          AS i(kind, aggregate_id, recipient, recipient_key, message_hash, template, data,
               secrets, delivery_key, explicit_key, max_attempts, available_at, expires_at,
               idempotency_key, request_hash, ord)
 ),
--- Each lookup is a LATERAL with LIMIT 1 (a key has one live receipt and one message), so
--- that it stays one index probe per partition and message however large the tables are.
-found AS (
-    SELECT i.ord, r.outbox_id, r.bucket, r.delivery_key, r.request_hash = i.request_hash AS same
+-- What each message finds: a live receipt of its key (with the receipt's message), or else,
+-- under an explicit delivery key, the message already holding that key.
+looked AS MATERIALIZED (
+    SELECT i.*,
+           CASE
+               WHEN r.outbox_id IS NOT NULL THEN
+                   CASE WHEN r.request_hash = i.request_hash THEN 'receipt'
+                        ELSE 'receipt_conflict' END
+               WHEN e.id IS NOT NULL THEN
+                   CASE WHEN e.same THEN 'existing' ELSE 'conflict' END
+           END AS found,
+           coalesce(r.outbox_id, e.id) AS found_id,
+           coalesce(r.outbox_bucket, e.bucket) AS found_bucket,
+           -- The delivery key of the message the request maps onto.
+           coalesce(r.delivery_key, i.delivery_key) AS sends_key,
+           r.bucket AS receipt_bucket,
+           -- Taken here, row by row in input order, so that a batch is sent in its order.
+           CASE WHEN r.outbox_id IS NULL AND e.id IS NULL
+                THEN nextval('{schema}.outbox_id_seq') END AS new_id
     FROM input AS i
-    CROSS JOIN LATERAL (
-        SELECT rr.outbox_id, rr.bucket, rr.request_hash, o.delivery_key
+    LEFT JOIN LATERAL (
+        SELECT rr.outbox_id, rr.outbox_bucket, rr.bucket, rr.request_hash, o.delivery_key
         FROM {schema}.receipts AS rr
         -- include: receipt_message
         WHERE i.idempotency_key IS NOT NULL
           AND rr.scope = %(scope)s AND rr.idempotency_key = i.idempotency_key
           AND rr.bucket >= (now() AT TIME ZONE 'UTC')::date AND rr.expires_at > now()
         LIMIT 1
-    ) AS r
-),
-to_write AS (
-    SELECT i.* FROM input AS i WHERE NOT EXISTS (SELECT FROM found AS f WHERE f.ord = i.ord)
-),
-existing AS (
-    SELECT w.ord, o.id, o.bucket, o.delivery_key,
-           (o.message_hash IS NULL OR o.message_hash = w.message_hash) AS same
-    FROM to_write AS w
-    CROSS JOIN LATERAL (
-        SELECT oo.id, oo.bucket, oo.delivery_key, oo.message_hash
+    ) AS r ON true
+    LEFT JOIN LATERAL (
+        SELECT oo.id, oo.bucket,
+               (oo.message_hash IS NULL OR oo.message_hash = i.message_hash) AS same
         FROM {schema}.outbox AS oo
-        WHERE w.explicit_key AND oo.delivery_key = w.delivery_key
+        WHERE i.explicit_key AND r.outbox_id IS NULL AND oo.delivery_key = i.delivery_key
         LIMIT 1
-    ) AS o
+    ) AS e ON true
 ),
 conflicts AS (
-    SELECT ord, outbox_id AS id, delivery_key, 'receipt_conflict' AS source
-    FROM found WHERE NOT same
-    UNION ALL
-    SELECT ord, id, delivery_key, 'conflict' FROM existing WHERE NOT same
+    SELECT ord, found AS source, found_id AS id, sends_key AS delivery_key
+    FROM looked
+    WHERE found IN ('conflict', 'receipt_conflict')
+),
+-- A message that found nothing is written, once per delivery key: the first message of the
+-- batch with the key writes it (its id is the smallest: only these messages took ids, in
+-- input order) and the others with the same key repeat it.
+resolved AS (
+    SELECT l.*,
+           coalesce(l.found, CASE WHEN l.new_id = min(l.new_id) OVER same_key THEN 'inserted'
+                                  ELSE 'repeat' END) AS source,
+           CASE WHEN l.found IS NULL THEN min(l.new_id) OVER same_key
+                ELSE l.found_id END AS id,
+           CASE WHEN l.found IS NULL THEN (now() AT TIME ZONE 'UTC')::date
+                ELSE l.found_bucket END AS bucket
+    FROM looked AS l
+    WHERE NOT EXISTS (SELECT FROM conflicts)
+    WINDOW same_key AS (PARTITION BY l.delivery_key)
 ),
 touched AS (
     UPDATE {schema}.receipts AS r
     SET reuse_count = r.reuse_count + 1, last_seen_at = now()
-    FROM found AS f
-    JOIN input AS i ON i.ord = f.ord
-    WHERE r.scope = %(scope)s AND r.idempotency_key = i.idempotency_key
-      AND r.bucket = f.bucket
-      AND NOT EXISTS (SELECT FROM conflicts)
+    FROM resolved AS f
+    WHERE f.source = 'receipt'
+      AND r.scope = %(scope)s AND r.idempotency_key = f.idempotency_key
+      AND r.bucket = f.receipt_bucket
 ),
+-- Under the callers' locks no other leasebox writer holds these delivery keys: a row that
+-- does was written concurrently by hand, and the insert fails on the unique index.
 inserted AS (
     INSERT INTO {schema}.outbox
-        (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash, template,
-         data, secrets, delivery_key, max_attempts, expires_at)
-    SELECT (now() AT TIME ZONE 'UTC')::date, d.kind, d.aggregate_id, d.recipient,
-           d.recipient_key, %(scope)s, d.message_hash, d.template, d.data, d.secrets,
-           d.delivery_key, d.max_attempts, d.expires_at
-    FROM (
-        SELECT DISTINCT ON (w.delivery_key) w.*
-        FROM to_write AS w
-        WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = w.ord)
-        ORDER BY w.delivery_key, w.ord
-    ) AS d
-    WHERE NOT EXISTS (SELECT FROM conflicts)
-    ORDER BY d.ord
-    ON CONFLICT (delivery_key, bucket) DO NOTHING
-    RETURNING id, bucket, kind, aggregate_id, delivery_key, max_attempts, expires_at, created_at
+        (id, bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash,
+         template, data, secrets, delivery_key, max_attempts, expires_at)
+    SELECT w.id, w.bucket, w.kind, w.aggregate_id, w.recipient, w.recipient_key, %(scope)s,
+           w.message_hash, w.template, w.data, w.secrets, w.delivery_key, w.max_attempts,
+           w.expires_at
+    FROM resolved AS w
+    WHERE w.source = 'inserted'
+    ORDER BY w.ord
 ),
 queued AS (
     INSERT INTO {schema}.queue
         (id, bucket, kind, aggregate_id, delivery_key, max_attempts, available_at, expires_at,
          created_at, updated_at)
-    SELECT n.id, n.bucket, n.kind, n.aggregate_id, n.delivery_key, n.max_attempts,
-           coalesce(w.available_at, n.created_at), n.expires_at, n.created_at, n.created_at
-    FROM inserted AS n
-    JOIN LATERAL (
-        SELECT ww.available_at FROM to_write AS ww
-        WHERE ww.delivery_key = n.delivery_key ORDER BY ww.ord LIMIT 1
-    ) AS w ON true
-),
-chosen AS (
-    SELECT w.ord, n.id, n.bucket, w.delivery_key, 'inserted' AS source
-    FROM to_write AS w
-    LEFT JOIN inserted AS n ON n.delivery_key = w.delivery_key
-    WHERE NOT EXISTS (SELECT FROM existing AS e WHERE e.ord = w.ord)
-      AND NOT EXISTS (SELECT FROM conflicts)
-    UNION ALL
-    SELECT ord, id, bucket, delivery_key, 'existing' FROM existing
-    WHERE NOT EXISTS (SELECT FROM conflicts)
+    SELECT w.id, w.bucket, w.kind, w.aggregate_id, w.delivery_key, w.max_attempts,
+           coalesce(w.available_at, now()), w.expires_at, now(), now()
+    FROM resolved AS w
+    WHERE w.source = 'inserted'
+    ORDER BY w.ord
 ),
 receipt AS (
     INSERT INTO {schema}.receipts
@@ -243,16 +252,12 @@ receipt AS (
          last_seen_at)
     SELECT %(scope)s, w.idempotency_key,
            ((now() + make_interval(secs => %(ttl_seconds)s)) AT TIME ZONE 'UTC')::date,
-           w.request_hash, c.id, c.bucket, now() + make_interval(secs => %(ttl_seconds)s), now()
-    FROM chosen AS c
-    JOIN to_write AS w ON w.ord = c.ord
-    WHERE w.idempotency_key IS NOT NULL AND c.id IS NOT NULL
+           w.request_hash, w.id, w.bucket, now() + make_interval(secs => %(ttl_seconds)s), now()
+    FROM resolved AS w
+    WHERE w.idempotency_key IS NOT NULL AND w.source IN ('inserted', 'repeat', 'existing')
     -- include: expired_receipt_replaced
 )
-SELECT ord, 'receipt' AS source, outbox_id AS id, delivery_key FROM found
-WHERE NOT EXISTS (SELECT FROM conflicts)
-UNION ALL
-SELECT ord, source, id, delivery_key FROM chosen
+SELECT ord, source, id, sends_key AS delivery_key FROM resolved
 UNION ALL
 SELECT ord, source, id, delivery_key FROM conflicts;
 
