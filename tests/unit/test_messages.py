@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from leasebox import OutboxMessage
-from leasebox.messages import MAX_DATA_BYTES
+from leasebox.messages import MAX_DATA_BYTES, visible
 
 
 def errors_for(**fields: Any) -> dict[str, str]:
@@ -83,6 +83,17 @@ def test_recipients_are_normalised_once_and_kept_as_given(given: str, key: str) 
     message = OutboxMessage(kind="otp", recipient=given)
     assert message.recipient == given.strip()
     assert message.recipient_key == key
+
+
+@pytest.mark.parametrize(
+    "text",
+    [chr(c) for c in range(128)]
+    + ["\u00a0", "\u2028", "\u200b", "\u3000", "\ufeff", "é", "ü", "日", "ada@bücher.de"],
+)
+def test_the_ascii_shortcut_sees_exactly_the_characters_that_are_printable_and_not_space(
+    text: str,
+) -> None:
+    assert visible(f"a{text}b") is all(c.isprintable() and not c.isspace() for c in text)
 
 
 def test_a_bad_template_name_is_rejected() -> None:
