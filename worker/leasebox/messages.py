@@ -95,7 +95,7 @@ def recipient_key(address: str) -> str:
 
 def _check_email(value: str) -> str:
     address = value.strip()
-    if unstorable(address) or not visible(address):
+    if not visible(address):  # NUL and lone surrogates are not printable either
         raise ValueError("not a valid email address: it holds a control or space character")
     local, at, domain = address.rpartition("@")
     if not at or not _LOCAL_PART.fullmatch(local) or ".." in local:

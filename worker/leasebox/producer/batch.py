@@ -20,8 +20,9 @@ error rather than ignored.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,20 +208,25 @@ def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
     return receipts
 
 
-def _written_by_hand(exc: psycopg.errors.UniqueViolation) -> DatabaseError | None:
-    """The error for a delivery key that another transaction wrote without leasebox's lock.
+@contextlib.contextmanager
+def _keys_written_by_hand() -> Iterator[None]:
+    """Turn a delivery key that another transaction wrote without leasebox's lock into a
+    `DatabaseError` that says so.
 
     Under the batch's locks no other leasebox producer can write one of its delivery keys, so
     a row that breaks the delivery key's unique index was inserted by hand while the batch
-    ran. None for any other index (passed on as it is).
+    ran. A violation of any other index is passed on as it is.
     """
-    if "delivery_key" not in (exc.diag.constraint_name or ""):
-        return None
-    return DatabaseError(
-        "an outbox row with one of the batch's delivery keys was written concurrently "
-        f"without leasebox's lock ({exc.diag.message_detail or exc}); nothing of the batch "
-        "was written; roll back and retry the transaction"
-    )
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        if "delivery_key" not in (exc.diag.constraint_name or ""):
+            raise
+        raise DatabaseError(
+            "an outbox row with one of the batch's delivery keys was written concurrently "
+            f"without leasebox's lock ({exc.diag.message_detail or exc}); nothing of the "
+            "batch was written; roll back and retry the transaction"
+        ) from exc
 
 
 def enqueue_many(
@@ -253,22 +259,16 @@ def enqueue_many(
     )
     if not batch.slots:
         return []
-    try:
-        with conn.cursor() as cur:
-            if batch.lock is not None:
-                # One round trip: the locks are taken by the statement before the writer, so
-                # the writer's snapshot sees whatever a previous holder of a lock committed.
-                with conn.pipeline():
-                    conn.execute(*batch.lock, prepare=True)
-                    cur.execute(*batch.write, prepare=True)
-            else:
+    with _keys_written_by_hand(), conn.cursor() as cur:
+        if batch.lock is not None:
+            # One round trip: the locks are taken by the statement before the writer, so the
+            # writer's snapshot sees whatever a previous holder of a lock committed.
+            with conn.pipeline():
+                conn.execute(*batch.lock, prepare=True)
                 cur.execute(*batch.write, prepare=True)
-            rows = cur.fetchall()
-    except psycopg.errors.UniqueViolation as exc:
-        error = _written_by_hand(exc)
-        if error is None:
-            raise
-        raise error from exc
+        else:
+            cur.execute(*batch.write, prepare=True)
+        rows = cur.fetchall()
     return _receipts(batch, rows)
 
 
@@ -297,7 +297,7 @@ async def enqueue_many_async(
     )
     if not batch.slots:
         return []
-    try:
+    with _keys_written_by_hand():
         async with conn.cursor() as cur:
             if batch.lock is not None:
                 async with conn.pipeline():
@@ -306,9 +306,4 @@ async def enqueue_many_async(
             else:
                 await cur.execute(*batch.write, prepare=True)
             rows = await cur.fetchall()
-    except psycopg.errors.UniqueViolation as exc:
-        error = _written_by_hand(exc)
-        if error is None:
-            raise
-        raise error from exc
     return _receipts(batch, rows)
