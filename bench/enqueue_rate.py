@@ -8,12 +8,17 @@ OTP), the same sends 100 to a transaction, and a batch path, `enqueue_many` (one
 A leasebox without `enqueue_many` is reported as missing, not measured by something else.
 Building the `OutboxMessage`s is part of the API call, so it is inside the timing; the plain
 inserts get ready values.
+
+Beside each target, leasebox's own statements run with their arguments built before the clock
+starts (the statement `enqueue` sends, and the lock and write statements of `enqueue_many`):
+what a send costs the server and the driver with none of leasebox's Python around it, so that
+a run shows how much of a gap to the yardstick no client-side work can close.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -24,8 +29,12 @@ from psycopg.types.json import Jsonb
 import leasebox
 from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
-from leasebox.messages import OutboxMessage
-from leasebox.producer.enqueue import enqueue
+from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
+from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage
+from leasebox.producer.batch import _prepare as prepare_batch
+from leasebox.producer.batch import _written as batch_statements
+from leasebox.producer.enqueue import enqueue, plan_enqueue
+from leasebox.producer.payload_crypto import default_cipher
 
 BATCH = 100
 
@@ -37,6 +46,9 @@ PLAIN = "plain INSERT"
 PLAIN_MANY = "plain multi-row INSERT"
 LEASEBOX = "leasebox.enqueue + receipt"
 LEASEBOX_MANY = "leasebox.enqueue_many + receipts"
+LEASEBOX_STATEMENT = "leasebox's enqueue statement, arguments ready"
+LEASEBOX_MANY_STATEMENTS = "leasebox's enqueue_many statements, arguments ready"
+LEASEBOX_BATCH_METHODS = (LEASEBOX_MANY, LEASEBOX_MANY_STATEMENTS)
 
 Send = Callable[[psycopg.Connection[Any], int], None]
 SendMany = Callable[[psycopg.Connection[Any], range], None]
@@ -106,7 +118,7 @@ def _message(i: int) -> OutboxMessage:
 
 
 def _leasebox_enqueue(conn: psycopg.Connection[Any], i: int) -> None:
-    enqueue(conn, _message(i), idempotency_key=f"otp-request-{i}", scope="bench")
+    enqueue(conn, _message(i), idempotency_key=_key(i), scope="bench")
 
 
 def batch_api() -> Callable[..., Any] | None:
@@ -122,33 +134,94 @@ def _leasebox_enqueue_many(conn: psycopg.Connection[Any], numbers: range) -> Non
     api(
         conn,
         [_message(i) for i in numbers],
-        idempotency_keys=[f"otp-request-{i}" for i in numbers],
+        idempotency_keys=[_key(i) for i in numbers],
         scope="bench",
     )
 
 
+def _key(i: int) -> str:
+    return f"otp-request-{i}"
+
+
+class _ReadyStatement:
+    """The statement `leasebox.enqueue` sends for message `i`, its arguments built up front."""
+
+    def __init__(self, numbers: Iterable[int]) -> None:
+        cipher = default_cipher()
+        self._query = query_bytes("enqueue", DEFAULT_SCHEMA)
+        self._params: dict[int, dict[str, Any]] = {}
+        for i in numbers:
+            plan = plan_enqueue(_message(i), idempotency_key=_key(i), scope="bench", cipher=cipher)
+            ((name, params),) = next(plan).queries
+            if name != "enqueue":
+                raise RuntimeError(f"enqueue's plan starts with {name!r}, not its statement")
+            self._params[i] = params
+
+    def __call__(self, conn: psycopg.Connection[Any], i: int) -> None:
+        conn.execute(self._query, self._params[i], prepare=True).fetchone()
+
+
+class _ReadyBatch:
+    """The statements `leasebox.enqueue_many` sends for a batch, their arguments built up front."""
+
+    def __init__(self, batches: list[range]) -> None:
+        cipher = default_cipher()
+        self._batches = {
+            numbers.start: prepare_batch(
+                [_message(i) for i in numbers],
+                [_key(i) for i in numbers],
+                "bench",
+                None,
+                None,
+                DEFAULT_RECEIPT_TTL_SECONDS,
+                DEFAULT_SCHEMA,
+                cipher,
+            )
+            for numbers in batches
+        }
+
+    def __call__(self, conn: psycopg.Connection[Any], numbers: range) -> None:
+        batch_statements(conn, self._batches[numbers.start])
+
+
+def _warm_numbers() -> range:
+    """The messages that warm a connection's statement cache before the clock starts."""
+    return range(-1_000_050, -1_000_000)
+
+
+def _warm_batches(per_call: int) -> list[range]:
+    return [
+        range(first, first + per_call)
+        for first in range(-1_000_000 - 5 * per_call, -1_000_000, per_call)
+    ]
+
+
+def _batches(count: int, per_call: int) -> list[range]:
+    return [range(first, min(first + per_call, count)) for first in range(0, count, per_call)]
+
+
 def _timed(dsn: str, send: Send, count: int, per_transaction: int) -> float:
     with psycopg.connect(dsn) as conn:
-        for i in range(-50, 0):  # warm the connection's statement cache
-            send(conn, i - 1_000_000)
+        for i in _warm_numbers():
+            send(conn, i)
         conn.commit()
         start = time.perf_counter()
-        for first in range(0, count, per_transaction):
+        for numbers in _batches(count, per_transaction):
             with conn.transaction():
-                for i in range(first, min(first + per_transaction, count)):
+                for i in numbers:
                     send(conn, i)
         return time.perf_counter() - start
 
 
 def _timed_many(dsn: str, send: SendMany, count: int, per_call: int) -> float:
     with psycopg.connect(dsn) as conn:
-        for first in range(-5 * per_call, 0, per_call):  # warm the statement cache
-            send(conn, range(first - 1_000_000, first - 1_000_000 + per_call))
+        for numbers in _warm_batches(per_call):
+            send(conn, numbers)
         conn.commit()
         start = time.perf_counter()
-        for first in range(0, count, per_call):
+        for numbers in _batches(count, per_call):
             with conn.transaction():
-                send(conn, range(first, min(first + per_call, count)))
+                send(conn, numbers)
         return time.perf_counter() - start
 
 
@@ -180,9 +253,14 @@ def _case(
 def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueResult]:
     """Each method beside its yardstick, yardstick first, so that a change in the machine's
     load hits both alike; every case checks that it wrote exactly the rows it sent."""
-    warm_one, warm_many = 50, 5 * BATCH
+    warm_one, warm_many = len(_warm_numbers()), len(_warm_batches(BATCH)) * BATCH
+    statement = _ReadyStatement([*_warm_numbers(), *range(single)])
     results = []
-    for method, send in ((PLAIN, _plain_insert), (LEASEBOX, _leasebox_enqueue)):
+    for method, send in (
+        (PLAIN, _plain_insert),
+        (LEASEBOX, _leasebox_enqueue),
+        (LEASEBOX_STATEMENT, statement),
+    ):
         results.append(
             _case(
                 server,
@@ -215,17 +293,22 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
         )
     )
     if batch_api() is None:
-        results.append(
-            EnqueueResult(LEASEBOX_MANY, MANY, 0, 0.0, "missing: leasebox has no enqueue_many")
-        )
-    else:
+        missing = "missing: leasebox has no enqueue_many"
+        results += [EnqueueResult(m, MANY, 0, 0.0, missing) for m in LEASEBOX_BATCH_METHODS]
+        return results
+    statements = _ReadyBatch([*_warm_batches(BATCH), *_batches(batched, BATCH)])
+    batch_methods: tuple[tuple[str, SendMany], ...] = (
+        (LEASEBOX_MANY, _leasebox_enqueue_many),
+        (LEASEBOX_MANY_STATEMENTS, statements),
+    )
+    for method, send_many in batch_methods:
         results.append(
             _case(
                 server,
-                LEASEBOX_MANY,
+                method,
                 MANY,
                 batched,
-                partial(_timed_many, send=_leasebox_enqueue_many, count=batched, per_call=BATCH),
+                partial(_timed_many, send=send_many, count=batched, per_call=BATCH),
                 batched + warm_many,
             )
         )

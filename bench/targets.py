@@ -287,7 +287,17 @@ def history_targets(history: Mapping[str, Any] | None) -> list[Target]:
 
 
 def enqueue_targets(enqueue: Sequence[Mapping[str, Any]]) -> list[Target]:
-    from bench.enqueue_rate import LEASEBOX, LEASEBOX_MANY, LOOP, MANY, ONE, PLAIN, PLAIN_MANY
+    from bench.enqueue_rate import (
+        LEASEBOX,
+        LEASEBOX_MANY,
+        LEASEBOX_MANY_STATEMENTS,
+        LEASEBOX_STATEMENT,
+        LOOP,
+        MANY,
+        ONE,
+        PLAIN,
+        PLAIN_MANY,
+    )
 
     def rate(method: str, mode: str) -> tuple[float | None, str]:
         for row in enqueue:
@@ -318,16 +328,22 @@ def enqueue_targets(enqueue: Sequence[Mapping[str, Any]]) -> list[Target]:
                 at_least=floor,
             )
         )
-    mine, _ = rate(LEASEBOX, LOOP)
-    plain, _ = rate(PLAIN, LOOP)
-    found.append(
-        reported(
-            "enqueue-loop",
-            f"{LEASEBOX}, {LOOP}: against {PLAIN}",
-            ratio(mine, plain),
-            f"{per_second(mine)} vs {per_second(plain)}",
+    # The statements alone show how much of a gap no client-side work can close.
+    for name, method, mode, yardstick in (
+        ("enqueue-loop", LEASEBOX, LOOP, PLAIN),
+        ("enqueue-single-statement", LEASEBOX_STATEMENT, ONE, PLAIN),
+        ("enqueue-batch-statements", LEASEBOX_MANY_STATEMENTS, MANY, PLAIN_MANY),
+    ):
+        mine, _ = rate(method, mode)
+        plain, _ = rate(yardstick, mode)
+        found.append(
+            reported(
+                name,
+                f"{method}, {mode}: against {yardstick}",
+                ratio(mine, plain),
+                f"{per_second(mine)} vs {per_second(plain)}",
+            )
         )
-    )
     return found
 
 

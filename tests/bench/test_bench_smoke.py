@@ -13,7 +13,16 @@ import psycopg
 import pytest
 from bench.accounting import account_ids, account_table, net_rate, percentile
 from bench.drain import DrainResult, keep_better, run_drain
-from bench.enqueue_rate import LEASEBOX_MANY, MANY, batch_api, run_enqueue
+from bench.enqueue_rate import (
+    LEASEBOX_MANY,
+    LEASEBOX_MANY_STATEMENTS,
+    LEASEBOX_STATEMENT,
+    MANY,
+    ONE,
+    PLAIN_MANY,
+    batch_api,
+    run_enqueue,
+)
 from bench.history import prune_oldest_day, retention_error, run_history, seed_history
 from bench.pgserver import BenchServer
 from bench.plain_worker import product_statements, without_history
@@ -265,9 +274,11 @@ def test_enqueue_writes_what_it_counts_in_every_case_the_batch_api_included(
     results = {(r.method, r.mode): r for r in run_enqueue(bench_server, 20, 200)}
 
     assert batch_api() is not None
-    assert len(results) == 6
+    assert len(results) == 8
     assert all(r.error == "" and r.rate > 0 for r in results.values())
     assert results[(LEASEBOX_MANY, MANY)].sends == 200
+    assert results[(LEASEBOX_MANY_STATEMENTS, MANY)].sends == 200
+    assert results[(LEASEBOX_STATEMENT, ONE)].sends == 20
 
 
 def test_enqueue_reports_a_missing_batch_api_as_missing(
@@ -277,10 +288,10 @@ def test_enqueue_reports_a_missing_batch_api_as_missing(
     results = {(r.method, r.mode): r for r in run_enqueue(bench_server, 20, 200)}
 
     assert batch_api() is None
-    missing = [r for r in results.values() if r.method == LEASEBOX_MANY]
-    assert [r.error for r in missing] == ["missing: leasebox has no enqueue_many"]
-    measured = [r for r in results.values() if r.method != LEASEBOX_MANY]
-    assert len(measured) == 5
+    missing = [r for r in results.values() if r.mode == MANY and r.method != PLAIN_MANY]
+    assert [r.error for r in missing] == ["missing: leasebox has no enqueue_many"] * 2
+    measured = [r for r in results.values() if r not in missing]
+    assert len(measured) == 6
     assert all(r.error == "" and r.rate > 0 for r in measured)
 
 

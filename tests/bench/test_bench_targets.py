@@ -215,6 +215,44 @@ def test_enqueue_is_judged_per_mode_and_a_missing_batch_api_is_missing_not_met()
     assert found["enqueue-loop"].status == REPORTED
 
 
+def test_leasebox_statements_with_ready_arguments_are_reported_against_the_same_yardsticks() -> (
+    None
+):
+    from bench.enqueue_rate import (
+        LEASEBOX_MANY_STATEMENTS,
+        LEASEBOX_STATEMENT,
+        MANY,
+        ONE,
+        PLAIN,
+        PLAIN_MANY,
+    )
+
+    enqueue = [
+        _enqueue(PLAIN, ONE, 1000.0),
+        _enqueue(LEASEBOX_STATEMENT, ONE, 600.0),
+        _enqueue(PLAIN_MANY, MANY, 40000.0),
+        _enqueue(LEASEBOX_MANY_STATEMENTS, MANY, 10000.0),
+    ]
+
+    found = _by_name(enqueue_targets(enqueue))
+
+    single, batch = found["enqueue-single-statement"], found["enqueue-batch-statements"]
+    assert (single.status, single.ratio) == (REPORTED, 0.6)
+    assert (batch.status, batch.ratio) == (REPORTED, 0.25)
+    assert single.measured == "600/s vs 1,000/s"
+
+
+def test_a_statement_row_without_a_figure_is_not_evaluated() -> None:
+    from bench.enqueue_rate import LEASEBOX_MANY_STATEMENTS, MANY, PLAIN_MANY
+
+    enqueue = [
+        _enqueue(PLAIN_MANY, MANY, 40000.0),
+        _enqueue(LEASEBOX_MANY_STATEMENTS, MANY, None, "missing: leasebox has no enqueue_many"),
+    ]
+
+    assert _by_name(enqueue_targets(enqueue))["enqueue-batch-statements"].status == NOT_EVALUATED
+
+
 def test_a_batch_api_below_seventy_percent_of_a_multi_row_insert_is_missed() -> None:
     from bench.enqueue_rate import LEASEBOX_MANY, MANY, PLAIN_MANY
 

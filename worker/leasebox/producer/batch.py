@@ -259,17 +259,21 @@ def enqueue_many(
     )
     if not batch.slots:
         return []
+    return _receipts(batch, _written(conn, batch))
+
+
+def _written(conn: psycopg.Connection[Any], batch: _Batch) -> list[tuple[Any, ...]]:
+    """The batch's statements, run in one round trip; the write statement's rows."""
     with _keys_written_by_hand(), conn.cursor() as cur:
         if batch.lock is not None:
-            # One round trip: the locks are taken by the statement before the writer, so the
-            # writer's snapshot sees whatever a previous holder of a lock committed.
+            # The locks are taken by the statement before the writer, so the writer's
+            # snapshot sees whatever a previous holder of a lock committed.
             with conn.pipeline():
                 conn.execute(*batch.lock, prepare=True)
                 cur.execute(*batch.write, prepare=True)
         else:
             cur.execute(*batch.write, prepare=True)
-        rows = cur.fetchall()
-    return _receipts(batch, rows)
+        return cur.fetchall()
 
 
 async def enqueue_many_async(
