@@ -48,7 +48,6 @@ LEASEBOX = "leasebox.enqueue + receipt"
 LEASEBOX_MANY = "leasebox.enqueue_many + receipts"
 LEASEBOX_STATEMENT = "leasebox's enqueue statement, arguments ready"
 LEASEBOX_MANY_STATEMENTS = "leasebox's enqueue_many statements, arguments ready"
-LEASEBOX_BATCH_METHODS = (LEASEBOX_MANY, LEASEBOX_MANY_STATEMENTS)
 
 Send = Callable[[psycopg.Connection[Any], int], None]
 SendMany = Callable[[psycopg.Connection[Any], range], None]
@@ -294,7 +293,10 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
     )
     if batch_api() is None:
         missing = "missing: leasebox has no enqueue_many"
-        results += [EnqueueResult(m, MANY, 0, 0.0, missing) for m in LEASEBOX_BATCH_METHODS]
+        results += [
+            EnqueueResult(m, MANY, 0, 0.0, missing)
+            for m in (LEASEBOX_MANY, LEASEBOX_MANY_STATEMENTS)
+        ]
         return results
     statements = _ReadyBatch([*_warm_batches(BATCH), *_batches(batched, BATCH)])
     batch_methods: tuple[tuple[str, SendMany], ...] = (

@@ -301,6 +301,13 @@ async def enqueue_many_async(
     )
     if not batch.slots:
         return []
+    return _receipts(batch, await _written_async(conn, batch))
+
+
+async def _written_async(
+    conn: psycopg.AsyncConnection[Any], batch: _Batch
+) -> list[tuple[Any, ...]]:
+    """`_written` on an async connection."""
     with _keys_written_by_hand():
         async with conn.cursor() as cur:
             if batch.lock is not None:
@@ -309,5 +316,4 @@ async def enqueue_many_async(
                     await cur.execute(*batch.write, prepare=True)
             else:
                 await cur.execute(*batch.write, prepare=True)
-            rows = await cur.fetchall()
-    return _receipts(batch, rows)
+            return await cur.fetchall()
