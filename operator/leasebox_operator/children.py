@@ -97,6 +97,8 @@ def worker_settings(pool: Pool) -> dict[str, object]:
     }
     if worker.templates_config_map:
         chosen[options.TEMPLATES.name] = PurePosixPath(TEMPLATES_DIR)
+    if spec.database.retention_days is not None:
+        chosen[options.RETENTION.name] = spec.database.retention_days * 86400.0
     return chosen
 
 

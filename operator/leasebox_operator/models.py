@@ -39,7 +39,7 @@ TEMPLATES_DIR = "/etc/leasebox/templates"
 OPERATOR_SETTINGS = (
     options.SCHEMA, options.KINDS, options.CONCURRENCY, options.LEASE_SECONDS, options.GRACE,
     options.MAX_ATTEMPTS, options.BACKOFF_BASE, options.BACKOFF_MAX, options.METRICS_PORT,
-    options.LOG_FORMAT, options.TEMPLATES,
+    options.LOG_FORMAT, options.TEMPLATES, options.RETENTION,
 )  # fmt: skip
 # Secrets reach the worker by reference under these names.
 DSN_VARIABLE = DSN_VARIABLES[0]
@@ -121,6 +121,12 @@ class DatabaseSpec(Model):
     """Auto: every worker pod runs `leasebox migrate` in an init container before it starts
     (an advisory lock serialises concurrent runs). Manual: you migrate in your own pipeline;
     the pool reports SchemaMissing or SchemaOutdated until you do."""
+    retention_days: int | None = Field(None, ge=1, le=36500)
+    """Days of sent messages, their attempt history and expired receipts kept: the workers
+    drop older days hourly, a day partition at a time. Unset keeps everything (run
+    `leasebox prune` yourself). It applies to the whole schema: pools sharing one should
+    give the same value, as the shortest wins. At least 1, the receipt TTL; set it above
+    your producers' receipt TTL if they use a longer one."""
 
 
 class ProviderSpec(Model):

@@ -61,6 +61,8 @@ def test_a_pool_spec_reaches_the_worker_settings_through_the_env() -> None:
         worker.backoff_base_seconds,
         worker.backoff_max_seconds,
     )
+    assert spec.database.retention_days is not None
+    assert settings.retention_seconds == spec.database.retention_days * 86400
     assert config.dsn == SECRETS[("leasebox-database", "dsn")]
     assert config.provider_url == SECRETS[("mail-provider", "url")]
     assert str(config.templates_dir) == "/etc/leasebox/templates"

@@ -32,6 +32,7 @@ SAMPLES: dict[str, Any] = {
     "log_format": "json",
     "log_level": "debug",
     "event_loop": "asyncio",
+    "retention_seconds": 14 * 86400.0,
     "worker_id": "pod-a",
 }
 REQUIRED = {"LEASEBOX_DSN": "postgresql://app@db/app"}

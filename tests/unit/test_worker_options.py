@@ -85,6 +85,7 @@ def test_the_help_names_every_flag_and_variable(capsys: pytest.CaptureFixture[st
         ("LEASEBOX_DRAIN", "maybe", "LEASEBOX_DRAIN must be true or false"),
         ("LEASEBOX_SCHEMA", "Mail-Box", "LEASEBOX_SCHEMA: invalid schema name"),
         ("LEASEBOX_EVENT_LOOP", "tokio", "LEASEBOX_EVENT_LOOP must be auto, asyncio or uvloop"),
+        ("LEASEBOX_RETENTION", "forever", "LEASEBOX_RETENTION must be a duration such as 90s"),
     ],
 )
 def test_a_malformed_variable_is_one_error_naming_it(variable: str, raw: str, message: str) -> None:
@@ -96,3 +97,40 @@ def test_a_malformed_variable_is_one_error_naming_it(variable: str, raw: str, me
 def test_the_environment_refuses_a_name_that_is_no_setting() -> None:
     with pytest.raises(KeyError, match="not worker settings: colour"):
         options.environment({"colour": "blue"})
+
+
+LOG_PROVIDER = {**REQUIRED, "LEASEBOX_PROVIDER_URL": "log://"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("7d", 7 * 86400.0), ("2w", 14 * 86400.0), ("36h", 36 * 3600.0)]
+)
+def test_the_retention_reads_as_a_duration(raw: str, seconds: float) -> None:
+    args = build_parser().parse_args(["worker", "--retention", raw])
+    config = process_config(args, LOG_PROVIDER)
+    assert config.settings.retention_seconds == seconds
+
+
+def test_without_a_retention_the_worker_keeps_everything() -> None:
+    config = process_config(build_parser().parse_args(["worker"]), LOG_PROVIDER)
+    assert config.settings.retention_seconds is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("12h", "the retention must be at least a day \\(the receipt TTL\\), got 43200s"),
+        ("86399", "the retention must be at least a day"),
+        ("36501d", "the retention must be at most 36500d"),
+    ],
+)
+def test_a_retention_that_could_resend_or_overflow_is_refused_at_start(
+    raw: str, message: str
+) -> None:
+    args = build_parser().parse_args(["worker", "--retention", raw])
+    with pytest.raises(ConfigurationError, match=message):
+        process_config(args, LOG_PROVIDER)
+
+
+def test_a_retention_of_exactly_a_day_is_accepted() -> None:
+    assert WorkerSettings(retention_seconds=86400.0).retention_seconds == 86400.0

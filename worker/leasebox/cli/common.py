@@ -8,19 +8,17 @@ import re
 
 from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
 from leasebox.errors import ConfigurationError
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+from leasebox.runtime import options
 
 
 def parse_duration(text: str) -> float:
     """Seconds in `90`, `90s`, `15m`, `1h`, `7d` or `2w`."""
-    match = _DURATION.fullmatch(text.lower())
-    if not match:
+    try:
+        return options.duration(text)
+    except ValueError:
         raise ConfigurationError(
             f"invalid duration {text!r}: use a number with s, m, h, d or w, e.g. 1h or 7d"
-        )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        ) from None
 
 
 def add_database_options(parser: argparse.ArgumentParser, *, schema: bool = True) -> None:

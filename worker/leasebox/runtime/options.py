@@ -14,6 +14,7 @@ number, got 'many'`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,6 +29,8 @@ from leasebox.runtime.event_loops import AUTO, event_loop_choice
 T = TypeVar("T")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class Target(StrEnum):
@@ -65,6 +68,14 @@ def number(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError("a finite number")
     return value
+
+
+def duration(text: str) -> float:
+    """Seconds in `90`, `90s`, `15m`, `1h`, `7d` or `2w`."""
+    match = _DURATION.fullmatch(text.lower())
+    if not match:
+        raise ValueError("a duration such as 90s, 15m, 1h or 7d")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 def text(value: str) -> str:
@@ -263,6 +274,16 @@ EVENT_LOOP = Option(
     "auto (uvloop when installed, else asyncio), uvloop or asyncio",
     Target.PROCESS,
 )
+RETENTION = Option[float | None](
+    "retention",
+    "LEASEBOX_RETENTION",
+    duration,
+    None,
+    "hourly, drop the days of sent messages, their history and expired receipts older than "
+    "this, e.g. 7d; at least a day (default: keep everything; prune by hand)",
+    metavar="DURATION",
+    attribute="retention_seconds",
+)
 WORKER_ID = Option[str | None](
     "worker_id",
     "LEASEBOX_WORKER_ID",
@@ -292,6 +313,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     LOG_FORMAT,
     LOG_LEVEL,
     EVENT_LOOP,
+    RETENTION,
     WORKER_ID,
 )
 BY_NAME: Mapping[str, Option[Any]] = {option.name: option for option in OPTIONS}

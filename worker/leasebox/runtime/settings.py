@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 from leasebox.db.queries import validate_schema_name
 from leasebox.errors import ConfigurationError
-from leasebox.messages import KIND_PATTERN
+from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, KIND_PATTERN
 from leasebox.runtime import options
+
+MAX_RETENTION_SECONDS = 36500 * 86400.0
 
 
 def default_worker_id() -> str:
@@ -41,6 +43,10 @@ class WorkerSettings:
     drain: exit once nothing is ready (batch jobs, benchmarks) instead of waiting for more.
     max_attempts: attempt limit for rows that carry none of their own (a row's own wins).
     backoff_base, backoff_max: retry delay `min(max, base * 2**(attempt-1))`, with jitter.
+    retention_seconds: when set, the worker drops the days of sent messages, their history
+        and expired receipts older than this, hourly (`leasebox.store.pruning`); at least
+        the receipt TTL, so that a retried request never outlives its send. None keeps
+        everything.
     worker_id: recorded in `leased_by`, and in every log line.
     """
 
@@ -56,6 +62,7 @@ class WorkerSettings:
     max_attempts: int = options.MAX_ATTEMPTS.default
     backoff_base: float = options.BACKOFF_BASE.default
     backoff_max: float = options.BACKOFF_MAX.default
+    retention_seconds: float | None = options.RETENTION.default
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:
@@ -78,6 +85,8 @@ class WorkerSettings:
         _at_least("grace", self.grace_seconds, 0.0)
         if self.backoff_max < self.backoff_base:
             raise ConfigurationError("the backoff maximum must be at least the backoff base")
+        if self.retention_seconds is not None:
+            _retention(self.retention_seconds)
         if not self.worker_id or len(self.worker_id) > 200:
             raise ConfigurationError("the worker id must have 1 to 200 characters")
 
@@ -99,6 +108,20 @@ class WorkerSettings:
     def sweep_interval(self) -> float:
         """How often expired leases are reclaimed and expired OTPs dead-lettered."""
         return min(15.0, max(0.5, self.lease_seconds / 3))
+
+
+def _retention(seconds: float) -> None:
+    if not seconds >= DEFAULT_RECEIPT_TTL_SECONDS:
+        raise ConfigurationError(
+            f"the retention must be at least a day (the receipt TTL), got {seconds:g}s: a "
+            "request retried after its message was dropped would be sent again (for a "
+            "shorter one, run `leasebox prune --allow-short-retention` yourself)"
+        )
+    if seconds > MAX_RETENTION_SECONDS:
+        raise ConfigurationError(
+            f"the retention must be at most 36500d (a hundred years), got {seconds:g}s; "
+            "leave it unset to keep everything"
+        )
 
 
 def _at_least(name: str, value: float, minimum: float) -> None:

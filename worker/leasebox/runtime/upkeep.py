@@ -5,7 +5,8 @@ must be reclaimed (or their rows would wait forever); OTPs that outlived their T
 dead-lettered (never sent late); the coming days need their partitions before their rows
 arrive; and an idle worker should wake when rows arrive rather than at its next poll. Each
 sweep is one cheap, batched statement (`leasebox.store.sweeps`); the partition maintenance
-(`leasebox.db.partitions`) runs hourly on a short-lived connection of its own, in a thread,
+(`leasebox.db.partitions`), and with a retention the dropping of the days past it
+(`leasebox.store.pruning`), runs hourly on a short-lived connection of its own, in a thread,
 since it is DDL that may wait briefly for a lock.
 """
 
@@ -27,12 +28,14 @@ from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason, Status
 from leasebox.store import sweeps
+from leasebox.store.pruning import PruneResult, prune
 
 log = logging.getLogger("leasebox.worker")
 
 SWEEP_LIMIT = 500
 _LISTEN_RETRY_MAX = 5.0
-# How often the partitions of the coming days are checked, and retried after a failure.
+# How often the partitions of the coming days are checked (and the days past the retention
+# dropped), and how soon that is retried after a failure.
 PARTITION_INTERVAL = 3600.0
 PARTITION_RETRY = 300.0
 
@@ -106,29 +109,49 @@ async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
             await asyncio.sleep(min(_LISTEN_RETRY_MAX, 0.5 * failures))
 
 
-def _ensure_partitions(dsn: str, schema: str) -> int:
+def maintain_days(dsn: str, schema: str, retention_seconds: float | None) -> PruneResult | None:
+    """Create the partitions of the coming days and, given a retention, drop the days past
+    it (what `leasebox prune` does); what retention dropped, or None without one."""
     with connect(dsn, autocommit=True) as conn:
-        return len(ensure_partitions(conn, schema))
+        created = ensure_partitions(conn, schema)
+        if created:
+            log.info("created %d partitions for the coming days", len(created))
+        if retention_seconds is None:
+            return None
+        return prune(conn, retention_seconds=retention_seconds, schema=schema)
 
 
-async def keep_partitions(dsn: str, schema: str) -> None:
-    """Create the partitions of the coming days, hourly, forever; failures are logged."""
+async def keep_days(dsn: str, schema: str, retention_seconds: float | None = None) -> None:
+    """`maintain_days` hourly, forever; a failure is logged and retried sooner.
+
+    Every worker of a schema does this: `prune` serialises them (the first drops a day, the
+    others find nothing left to drop), so no worker has to be elected for it.
+    """
     failures = 0
     while True:
         try:
-            created = await asyncio.to_thread(_ensure_partitions, dsn, schema)
+            pruned = await asyncio.to_thread(maintain_days, dsn, schema, retention_seconds)
         except (psycopg.Error, OSError, LeaseboxError) as exc:
             failures += 1
             if failures == 1 or failures % 12 == 0:
                 log.warning(
-                    "could not create the partitions of the coming days (%s); rows of a day "
-                    "without one wait in the default partition until it exists",
+                    "could not maintain the day partitions (%s): rows of a day without one "
+                    "wait in the default partition until it exists, and days past the "
+                    "retention stay until a later run drops them",
                     type(exc).__name__,
                     extra={"error_class": type(exc).__name__},
                 )
             await asyncio.sleep(PARTITION_RETRY)
             continue
-        if created:
-            log.info("created %d partitions for the coming days", created)
+        if pruned is not None and pruned.partitions:
+            log.info(
+                "retention dropped %d day partitions: %d sent messages, %d expired receipts; "
+                "kept %d messages of those days that are not sent, dead or named by a live "
+                "receipt",
+                len(pruned.partitions),
+                pruned.sent,
+                pruned.receipts,
+                pruned.kept,
+            )
         failures = 0
         await asyncio.sleep(PARTITION_INTERVAL)

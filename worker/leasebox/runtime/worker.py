@@ -218,6 +218,7 @@ class Worker:
                 "kinds": ",".join(s.kinds),
                 "concurrency": s.concurrency,
                 "lease_seconds": s.lease_seconds,
+                "retention_seconds": s.retention_seconds,
                 "provider": self._provider.name,
                 "secrets": self.secrets_mode,
                 "event_loop": running_loop_name(),
@@ -232,7 +233,8 @@ class Worker:
             self._spawn(self._sweeper(), "sweeper"),
         ]
         if self._dsn:
-            helpers.append(self._spawn(upkeep.keep_partitions(self._dsn, s.schema), "partitions"))
+            days = upkeep.keep_days(self._dsn, s.schema, s.retention_seconds)
+            helpers.append(self._spawn(days, "partitions"))
         if s.listen and self._dsn:
             helpers.append(self._spawn(self._listener(self._dsn), "listener"))
         try:

@@ -11,9 +11,10 @@ expired).
 Some messages of an old day are still wanted: those not sent yet or dead (still in the
 queue), and those a live receipt names (a retried request must still map onto its send).
 They are moved to today's partition first, with their history, in the same transaction as
-the drop, which holds the partitions it drops (so no request can name one of their messages
-meanwhile). Rows of days that never had a partition wait in a default partition: the
-partition maintenance that runs first gives each such day its partition, so they go too.
+the drop, which holds the tables whose partitions it drops (so no request can name one of
+their messages meanwhile). Rows of days that never had a partition wait in a default
+partition: the partition maintenance that runs first gives each such day its partition, so
+they go too.
 
 A retention shorter than the producers' receipt TTL is refused unless the caller says it
 knows: a request retried after its message was dropped is a new request, and sends again.
@@ -91,19 +92,23 @@ def prune(
 def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str) -> PruneResult:
     ensure_partitions(conn, schema)
     today, cutoff = _days(conn, retention_seconds)
-    # Counted before the partitions are locked, so that the lock (which every statement
-    # reading across the days waits for) covers the moves and the drops alone: counting a day
-    # of a million messages takes a few hundred milliseconds. No message or receipt is written
-    # to a past day meanwhile; the messages moved out are counted as they move (a dead letter
-    # purged in between is the one row counted that the drop does not remove).
-    counted = {
-        table: _rows(
-            conn, [p for p in list_partitions(conn, table, schema) if _before(p, cutoff)], schema
-        )
-        for table in ("outbox", "receipts")
-    }
-    if not conn.autocommit:
-        conn.commit()
+    # Counted before the tables are locked, so that the lock (which every statement on them
+    # waits for) covers the moves and the drops alone: counting a day of a million messages
+    # takes a few hundred milliseconds. No message or receipt is written to a past day
+    # meanwhile; the messages moved out are counted as they move (a dead letter purged in
+    # between is the one row counted that the drop does not remove). The count holds the
+    # maintenance lock, which only other maintenance waits for: a day another prune drops
+    # while it is read would fail the read.
+    with conn.transaction():
+        serialise_maintenance(conn, schema)
+        counted = {
+            table: _rows(
+                conn,
+                [p for p in list_partitions(conn, table, schema) if _before(p, cutoff)],
+                schema,
+            )
+            for table in ("outbox", "receipts")
+        }
     with conn.transaction():
         serialise_maintenance(conn, schema)
         old = {
@@ -143,9 +148,18 @@ def _before(partition: Partition, cutoff: date) -> bool:
 
 
 def _hold(conn: psycopg.Connection[Any], partitions: list[Partition], schema: str) -> None:
-    """Lock the partitions about to go, so that nothing reads or writes them meanwhile."""
+    """Lock the partitioned tables, with all their partitions, in one statement before
+    anything else, when there are partitions to drop: nothing reads or writes them until
+    the moves and the drops are done.
+
+    Dropping a partition takes its table's lock: asked for after the partition's own, it
+    would close a cycle with a reader that holds the table and waits for the partition (a
+    deadlock whose victim may be a producer's `enqueue`). Asked for first, it waits for the
+    readers holding the tables and holds nothing they wait for. All three go together, as
+    the moves write to each of them.
+    """
     if partitions:
-        names = sql.SQL(", ").join(sql.Identifier(schema, p.name) for p in partitions)
+        names = sql.SQL(", ").join(sql.Identifier(schema, table) for table in PARTITIONED_TABLES)
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(names))
 
 
