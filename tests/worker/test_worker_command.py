@@ -54,6 +54,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--provider", "null://", "--log-format", "xml"], "log format must be one of"),
         (["--provider", "null://", "--metrics-port", "70000"], "metrics port must be 0 to"),
         (["--provider", "null://", "--templates", "/no/such/dir"], "templates directory"),
+        (["--provider", "null://", "--retention", "6h"], "--retention: the retention must be"),
+        (["--provider", "null://", "--retention", "a week"], "--retention must be a duration"),
         ([], "no provider given"),
     ],
 )

@@ -68,9 +68,15 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     try:
         settings = WorkerSettings(**chosen)
     except ConfigurationError as exc:
-        if "kind" in str(exc):
-            _, source = options.read(options.KINDS, vars(args), environ)
-            raise ConfigurationError(f"{source}: {exc}") from None
+        # The settings check values, not sources: name where a value they refuse came from.
+        named: tuple[tuple[str, options.Option[Any]], ...] = (
+            ("kind", options.KINDS),
+            ("retention", options.RETENTION),
+        )
+        for word, option in named:
+            if word in str(exc):
+                _, source = options.read(option, vars(args), environ)
+                raise ConfigurationError(f"{source}: {exc}") from None
         raise
     port = values["metrics_port"]
     if not 0 <= port <= 65535:
