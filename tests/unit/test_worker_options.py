@@ -138,8 +138,8 @@ def test_a_retention_of_exactly_a_day_is_accepted() -> None:
 
 def test_a_refused_retention_names_the_variable_it_came_from() -> None:
     args = build_parser().parse_args(["worker"])
-    with pytest.raises(ConfigurationError, match="^LEASEBOX_RETENTION: the retention must be"):
+    with pytest.raises(ConfigurationError, match=r"^LEASEBOX_RETENTION: the retention must be"):
         process_config(args, {**LOG_PROVIDER, "LEASEBOX_RETENTION": "6h"})
     args = build_parser().parse_args(["worker", "--retention", "6h"])
-    with pytest.raises(ConfigurationError, match="^--retention: the retention must be"):
+    with pytest.raises(ConfigurationError, match=r"^--retention: the retention must be"):
         process_config(args, LOG_PROVIDER)
