@@ -7,10 +7,13 @@ owns the row and has not settled it, so that nothing but the lease token can sto
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import psycopg
+import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.store import claiming, settling, sweeps
@@ -164,3 +167,44 @@ async def test_expired_leases_of_a_dead_worker_are_reclaimed_and_sent(
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["attempts"], row["leased_by"]) == ("sent", 2, "test-worker")
     assert worker.metrics.value("leasebox_leases_reclaimed_total", {"kind": "otp"}) == 1
+
+
+async def test_a_drain_waits_for_the_sweeper_taking_back_a_dead_workers_rows_and_sends_them(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+    db_conn: psycopg.Connection,
+    db_aconn: psycopg.AsyncConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    outbox_id = db_insert()
+    await claiming.claim(
+        db_aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="died", now=fake_clock.now
+    )
+    fake_clock.advance(46)
+    reclaim = sweeps.reclaim_expired_leases
+    taken: list[int] = []
+    sweeper_took = asyncio.Event()
+
+    async def sweeper_first(conn: psycopg.AsyncConnection, **kwargs: Any) -> Any:
+        task = asyncio.current_task()
+        if task is None or task.get_name() != "leasebox sweeper" or sweeper_took.is_set():
+            async with asyncio.timeout(10):
+                await sweeper_took.wait()
+            return await reclaim(conn, **kwargs)
+        # The sweeper's statement has taken the row back and not committed yet, as on a
+        # loaded server: a sweep beside it passes over the locked row, a claim finds nothing.
+        async with conn.transaction():
+            rows = await reclaim(conn, **kwargs)
+            taken.extend(row.id for row in rows)
+            sweeper_took.set()
+            await asyncio.sleep(0.5)
+        return rows
+
+    monkeypatch.setattr(sweeps, "reclaim_expired_leases", sweeper_first)
+    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True))
+    await worker.run()
+    assert taken == [outbox_id]
+    row = row_of(db_conn, outbox_id)
+    assert (row["status"], row["attempts"], row["leased_by"]) == ("sent", 2, "test-worker")

@@ -142,6 +142,10 @@ class Worker:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
+        # The sweeper's and a drain's sweeps run one at a time: a sweep skips the rows another
+        # has locked, so a drain that swept beside an uncommitted sweep would find nothing
+        # and exit, leaving the rows that sweep takes back unsent.
+        self._sweeping = asyncio.Lock()
         self._completions = CompletionBatcher(
             pool,
             self.metrics,
@@ -565,7 +569,8 @@ class Worker:
 
     async def sweep(self) -> int:
         """Reclaim expired leases and dead-letter expired OTPs; returns rows touched."""
-        touched = await upkeep.sweep(self._pool, self.settings, self.metrics, self._clock)
+        async with self._sweeping:
+            touched = await upkeep.sweep(self._pool, self.settings, self.metrics, self._clock)
         if touched:
             self._wake.set()
         return touched
