@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from leasebox.runtime.worker import Worker
 from leasebox.store import claiming, settling, sweeps
 from leasebox.store.settling import Sent
 from support.history import history_of
@@ -157,13 +158,8 @@ async def test_expired_leases_of_a_dead_worker_are_reclaimed_and_sent(
     db_conn: psycopg.Connection,
     db_aconn: psycopg.AsyncConnection,
 ) -> None:
-    outbox_id = db_insert()
-    await claiming.claim(
-        db_aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="died", now=fake_clock.now
-    )
-    fake_clock.advance(46)
-    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True))
-    await worker.run()
+    outbox_id = await _left_by_a_dead_worker(db_insert, db_aconn, fake_clock)
+    worker = await _drained(db_pool, fake_provider, fake_clock)
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["attempts"], row["leased_by"]) == ("sent", 2, "test-worker")
     assert worker.metrics.value("leasebox_leases_reclaimed_total", {"kind": "otp"}) == 1
@@ -178,11 +174,7 @@ async def test_a_drain_waits_for_the_sweeper_taking_back_a_dead_workers_rows_and
     db_aconn: psycopg.AsyncConnection,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    outbox_id = db_insert()
-    await claiming.claim(
-        db_aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="died", now=fake_clock.now
-    )
-    fake_clock.advance(46)
+    outbox_id = await _left_by_a_dead_worker(db_insert, db_aconn, fake_clock)
     reclaim = sweeps.reclaim_expired_leases
     taken: list[int] = []
     sweeper_took = asyncio.Event()
@@ -203,8 +195,29 @@ async def test_a_drain_waits_for_the_sweeper_taking_back_a_dead_workers_rows_and
         return rows
 
     monkeypatch.setattr(sweeps, "reclaim_expired_leases", sweeper_first)
-    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True))
-    await worker.run()
+    worker = await _drained(db_pool, fake_provider, fake_clock)
     assert taken == [outbox_id]
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["attempts"], row["leased_by"]) == ("sent", 2, "test-worker")
+    assert worker.metrics.value("leasebox_leases_reclaimed_total", {"kind": "otp"}) == 1
+
+
+async def _left_by_a_dead_worker(
+    db_insert: Insert, db_aconn: psycopg.AsyncConnection, fake_clock: ManualClock
+) -> int:
+    """A row claimed by a worker that died, its lease run out."""
+    outbox_id = db_insert()
+    await claiming.claim(
+        db_aconn, kinds=["otp"], limit=1, lease_seconds=45, worker_id="died", now=fake_clock.now
+    )
+    fake_clock.advance(46)
+    return outbox_id
+
+
+async def _drained(
+    db_pool: AsyncConnectionPool, fake_provider: ScriptedProvider, fake_clock: ManualClock
+) -> Worker:
+    """A `--drain` worker, run until it finds nothing more to do."""
+    worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, drain=True))
+    await worker.run()
+    return worker
