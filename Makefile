@@ -56,7 +56,8 @@ test: install tools lint ## lint, then every test on embedded PostgreSQL 18, the
 	$(BIN)/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-second-pg
 
-test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it answers (CI requires it)
+test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it answers (CI requires it; as root, starts one)
+	@tools/bin/second-postgres
 	@if $(BIN)/python -c "import psycopg,sys; psycopg.connect(sys.argv[1], connect_timeout=3).close()" '$(SECOND_PG_DSN)' 2>/dev/null; then \
 	  echo "database tests on $$($(BIN)/python -c "import psycopg,sys; print(psycopg.connect(sys.argv[1]).info.parameter_status('server_version'))" '$(SECOND_PG_DSN)')"; \
 	  LEASEBOX_TEST_DSN='$(SECOND_PG_DSN)' $(BIN)/pytest -n $(TEST_PROCESSES) -m "db and not embedded_only" $(PYTEST_ARGS); \
