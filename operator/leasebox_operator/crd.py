@@ -113,7 +113,24 @@ def structural(node: Any, defs: dict[str, Any], *, keep_defaults: bool = True) -
             out[key] = value
     if out.get("type") == "object" and "properties" in out and not out.get("required"):
         out.pop("required", None)
+    if out.get("default") == {} and "properties" in out:
+        out["default"] = _filled(out)
     return out
+
+
+def _filled(node: dict[str, Any]) -> dict[str, Any]:
+    """What a section's `default: {}` becomes once its own fields' defaults apply.
+
+    The API server fills an absent section with its default and then the defaults inside
+    it, but it checks the section's CEL rules against the default as written when it
+    accepts the CRD: a rule such as `self.minReplicas <= self.maxReplicas` over a bare `{}`
+    has no such key, and the CRD is refused. So the default is written filled in.
+    """
+    return {
+        name: prop["default"]
+        for name, prop in node["properties"].items()
+        if "default" in prop
+    }
 
 
 def _model_schema(model: type[PoolSpec] | type[PoolStatus], *, keep_defaults: bool) -> Any:
