@@ -45,6 +45,9 @@ class Runtime:
     metrics: OperatorMetrics
     pools: ConnectionPools
     connection: KubeConnection
+    # Set by the cleanup activity: a poll loop still running then ends by itself, rather
+    # than retrying without a login until kopf cancels it.
+    closed: bool = False
 
     def kube(self) -> Kube:
         return Kube(self.connection.api, instance=self.settings.identity)
@@ -75,9 +78,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     configure_kopf(settings, ours)
     connection = _connection(memo)
     connection.identity = ours.identity
-    metrics = OperatorMetrics()
-    metrics.serve(ours.metrics_port, ours.metrics_host)
-    memo["runtime"] = Runtime(ours, metrics, ConnectionPools(ours), connection)
+    if "runtime" not in memo:  # kopf retries a failed startup: serve the metrics once
+        metrics = OperatorMetrics()
+        metrics.serve(ours.metrics_port, ours.metrics_host)
+        memo["runtime"] = Runtime(ours, metrics, ConnectionPools(ours), connection)
     if not ours.standalone:
         # Peers meet in kopf's peering object; it must exist before kopf's first keep-alive.
         await connection.login(trust_env=settings.networking.trust_env)
@@ -98,6 +102,7 @@ async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> k
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
+        runtime.closed = True
         await runtime.pools.close()
         runtime.metrics.close()
     await _connection(memo).close()
@@ -195,7 +200,7 @@ async def poll_pool(
         max_backoff_seconds=runtime.settings.max_poll_backoff_seconds,
     )
     resynced = time.monotonic()
-    while not stopped:
+    while not stopped and not runtime.closed:
         resync = time.monotonic() - resynced >= runtime.settings.resync_seconds
         delay = await _poll(poller, body, runtime, writer, resync=resync)
         if resync:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -141,3 +142,24 @@ class Pool:
                        timeout: float = 60) -> None:  # fmt: skip
         wait_for(lambda: self.condition_is(kind, status, reason),
                  what=f"{kind}={status} {reason or ''} on pool {self.name}", timeout=timeout)  # fmt: skip
+
+
+def operator_metrics(kube: Rest, kubelet: ProcessKubelet, namespace: str, release: str) -> str:
+    """The metrics page of the release's running operator pod (the first, if several)."""
+    pods = running_operator_pods(kube, kubelet, namespace, release)
+    if not pods:
+        return ""
+    port = kubelet.host_port(namespace, pods[0], "http-metrics")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
+def sample(metrics: str, name: str) -> float:
+    """The value of one sample of a metrics page (0 while it is absent)."""
+    for line in metrics.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
