@@ -129,7 +129,7 @@ the Deployment's scale subresource; Events are created, never updated.
 {{- define "leasebox.namespacedRules" -}}
 - apiGroups: ["leasebox.dev"]
   resources: ["outboxworkerpools"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["leasebox.dev"]
   resources: ["outboxworkerpools/status"]
   verbs: ["patch"]
