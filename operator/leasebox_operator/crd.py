@@ -126,11 +126,7 @@ def _filled(node: dict[str, Any]) -> dict[str, Any]:
     accepts the CRD: a rule such as `self.minReplicas <= self.maxReplicas` over a bare `{}`
     has no such key, and the CRD is refused. So the default is written filled in.
     """
-    return {
-        name: prop["default"]
-        for name, prop in node["properties"].items()
-        if "default" in prop
-    }
+    return {name: prop["default"] for name, prop in node["properties"].items() if "default" in prop}
 
 
 def _model_schema(model: type[PoolSpec] | type[PoolStatus], *, keep_defaults: bool) -> Any:

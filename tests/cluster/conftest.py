@@ -36,10 +36,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def release(control_plane: ControlPlane, kubelet: ProcessKubelet, kube: Rest) -> Iterator[str]:
-    """`helm install` of the chart (cluster-wide) with its operator running; yields its namespace."""
+    """`helm install` of the chart, cluster-wide, its operator running; yields its namespace."""
     with helm_client(control_plane, SYSTEM) as helm:
         helm.install(str(CHART), RELEASE, operator_values(), create_namespace=True, timeout=120)
-        wait_for(lambda: running_operator_pods(kube, kubelet, SYSTEM, RELEASE),
-                 what="the operator pod to run", timeout=OPERATOR_START_SECONDS)  # fmt: skip
+        wait_for(
+            lambda: running_operator_pods(kube, kubelet, SYSTEM, RELEASE),
+            what="the operator pod to run",
+            timeout=OPERATOR_START_SECONDS,
+        )
         yield SYSTEM
         helm.uninstall(RELEASE, ignore_not_found=True, timeout=120)

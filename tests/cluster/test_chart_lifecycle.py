@@ -48,7 +48,9 @@ APPS = "apps"
 
 
 @pytest.fixture
-def fresh(tmp_path: Path, control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, ProcessKubelet, Rest]]:
+def fresh(
+    tmp_path: Path, control_plane: ControlPlane
+) -> Iterator[tuple[ControlPlane, ProcessKubelet, Rest]]:
     """A second control plane and node, for this test alone."""
     folder = control_plane.folder.parent / f"{control_plane.folder.name}-lifecycle"
     cleanup(folder)
@@ -66,8 +68,10 @@ def baseline_chart(folder: Path) -> Path:
     archive = folder / "baseline.tar"
     done = subprocess.run(
         ["git", "-C", str(ROOT), "archive", "-o", str(archive), BASELINE, "charts/leasebox"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, f"the baseline chart {BASELINE} is not in git: {done.stderr}"
     with tarfile.open(archive) as tar:
         tar.extractall(folder, filter="data")
@@ -77,10 +81,15 @@ def baseline_chart(folder: Path) -> Path:
 def _enqueue(dsn: str, start: int, count: int) -> None:
     with psycopg.connect(dsn) as conn:
         for n in range(start, start + count):
-            enqueue(conn, OutboxMessage(
-                kind="otp", recipient=f"u{n}@example.com", aggregate_id=f"u-{n}",
-                data={"code": f"{n:06d}", "minutes_valid": 10},
-            ))  # fmt: skip
+            enqueue(
+                conn,
+                OutboxMessage(
+                    kind="otp",
+                    recipient=f"u{n}@example.com",
+                    aggregate_id=f"u-{n}",
+                    data={"code": f"{n:06d}", "minutes_valid": 10},
+                ),
+            )
         conn.commit()
 
 
@@ -90,38 +99,65 @@ def _scale_writers(plane: ControlPlane, namespace: str, deployment: str) -> list
         str(entry.get("userAgent", ""))
         for entry in plane.audit_entries()
         if entry.get("verb") == "patch"
-        and (ref := entry.get("objectRef")) and isinstance(ref, dict)
-        and ref.get("resource") == "deployments" and ref.get("subresource") == "scale"
-        and ref.get("namespace") == namespace and ref.get("name") == deployment
-    ]  # fmt: skip
+        and (ref := entry.get("objectRef"))
+        and isinstance(ref, dict)
+        and ref.get("resource") == "deployments"
+        and ref.get("subresource") == "scale"
+        and ref.get("namespace") == namespace
+        and ref.get("name") == deployment
+    ]
 
 
 def test_upgrade_failover_test_and_uninstall_of_the_chart_with_a_pool_running(
     fresh: tuple[ControlPlane, ProcessKubelet, Rest], tmp_path: Path, db_dsn: str
 ) -> None:
     plane, node, kube = fresh
-    crds = [o for o in render({"operator": {"peering": {"enabled": True}}})
-            if o["kind"] == "CustomResourceDefinition"]
+    crds = [
+        o
+        for o in render({"operator": {"peering": {"enabled": True}}})
+        if o["kind"] == "CustomResourceDefinition"
+    ]
     assert len(crds) == 3  # OutboxWorkerPool, ClusterKopfPeering, KopfPeering
-    plane.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps({
-        "apiVersion": "v1", "kind": "List", "items": crds}))  # fmt: skip
+    plane.kubectl(
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}),
+    )
     values = operator_values(crds={"install": False})
     with SmtpSink() as sink, helm_client(plane, SYSTEM) as helm:
-        helm.install(str(baseline_chart(tmp_path)), RELEASE, values, create_namespace=True, timeout=120)
-        wait_for(lambda: running_operator_pods(kube, node, SYSTEM, RELEASE),
-                 what="the baseline operator", timeout=OPERATOR_START_SECONDS)  # fmt: skip
-        kube.create("v1", "namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                         "metadata": {"name": APPS}})  # fmt: skip
+        helm.install(
+            str(baseline_chart(tmp_path)), RELEASE, values, create_namespace=True, timeout=120
+        )
+        wait_for(
+            lambda: running_operator_pods(kube, node, SYSTEM, RELEASE),
+            what="the baseline operator",
+            timeout=OPERATOR_START_SECONDS,
+        )
+        kube.create(
+            "v1",
+            "namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APPS}},
+        )
         kube.create("v1", "secrets", secret("leasebox-database", "dsn", db_dsn, APPS), APPS)
         kube.create("v1", "secrets", secret("leasebox-provider", "url", sink.url, APPS), APPS)
         pool_body = {
-            "apiVersion": "leasebox.dev/v1alpha1", "kind": "OutboxWorkerPool",
+            "apiVersion": "leasebox.dev/v1alpha1",
+            "kind": "OutboxWorkerPool",
             "metadata": {"name": "otp", "namespace": APPS},
-            "spec": {"kinds": ["otp"], "database": {"secretRef": {"name": "leasebox-database"}},
-                     "provider": {"secretRef": {"name": "leasebox-provider"}},
-                     "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1,
-                                 "initialWorkerThroughput": 1000}},
-        }  # fmt: skip
+            "spec": {
+                "kinds": ["otp"],
+                "database": {"secretRef": {"name": "leasebox-database"}},
+                "provider": {"secretRef": {"name": "leasebox-provider"}},
+                "scaling": {
+                    "minReplicas": 1,
+                    "maxReplicas": 4,
+                    "pollIntervalSeconds": 1,
+                    "initialWorkerThroughput": 1000,
+                },
+            },
+        }
         plane.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(pool_body))
         pool = Pool(kube, "otp", APPS)
         wait_for(lambda: pool.ready_pods() == 1, what="the baseline's worker", timeout=120)
@@ -131,27 +167,42 @@ def test_upgrade_failover_test_and_uninstall_of_the_chart_with_a_pool_running(
         # Upgrade with messages on their way: the operator rolls, nothing is lost.
         helm.upgrade(str(CHART), RELEASE, values, timeout=120)
         _enqueue(db_dsn, 30, 30)
-        wait_for(lambda: len({m.delivery_key for m in sink.received}) == 60,
-                 what="every message across the upgrade", timeout=120)  # fmt: skip
-        wait_for(lambda: pool.condition_is("Ready", "True", "Available"), what="Ready after it",
-                 timeout=OPERATOR_START_SECONDS)  # fmt: skip
+        wait_for(
+            lambda: len({m.delivery_key for m in sink.received}) == 60,
+            what="every message across the upgrade",
+            timeout=120,
+        )
+        wait_for(
+            lambda: pool.condition_is("Ready", "True", "Available"),
+            what="Ready after it",
+            timeout=OPERATOR_START_SECONDS,
+        )
         after = (pool.deployment() or {})["metadata"]["generation"]
         assert after >= before
 
         # Two replicas with peering: one scales, the other takes over when it goes.
-        ha = operator_values(crds={"install": False}, operator={
-            "replicas": 2, "extraEnv": values["operator"]["extraEnv"]})  # fmt: skip
+        ha = operator_values(
+            crds={"install": False},
+            operator={"replicas": 2, "extraEnv": values["operator"]["extraEnv"]},
+        )
         helm.upgrade(str(CHART), RELEASE, ha, timeout=120)
-        wait_for(lambda: len(running_operator_pods(kube, node, SYSTEM, RELEASE)) == 2,
-                 what="two operator pods", timeout=OPERATOR_START_SECONDS)  # fmt: skip
+        wait_for(
+            lambda: len(running_operator_pods(kube, node, SYSTEM, RELEASE)) == 2,
+            what="two operator pods",
+            timeout=OPERATOR_START_SECONDS,
+        )
         pool.patch_spec({"scaling": {"minReplicas": 2}})
         wait_for(lambda: pool.replicas() == 2, what="a scale by the leader", timeout=60)
         (leader_agent,) = set(_scale_writers(plane, APPS, pool.deployment_name)[-1:])
-        leader = next(p for p in running_operator_pods(kube, node, SYSTEM, RELEASE)
-                      if p in leader_agent)  # fmt: skip
+        leader = next(
+            p for p in running_operator_pods(kube, node, SYSTEM, RELEASE) if p in leader_agent
+        )
         plane.kubectl("delete", "pod", leader, "-n", SYSTEM, "--wait=false")
-        wait_for(lambda: kube.get("v1", "pods", leader, SYSTEM) is None,
-                 what="the leader's pod to end", timeout=60)  # fmt: skip
+        wait_for(
+            lambda: kube.get("v1", "pods", leader, SYSTEM) is None,
+            what="the leader's pod to end",
+            timeout=60,
+        )
         pool.patch_spec({"scaling": {"minReplicas": 3}})
         wait_for(lambda: pool.replicas() == 3, what="a scale by the standby", timeout=90)
         last = _scale_writers(plane, APPS, pool.deployment_name)[-1]
@@ -164,6 +215,12 @@ def test_upgrade_failover_test_and_uninstall_of_the_chart_with_a_pool_running(
 
         # Uninstall keeps the CRD and the pools.
         helm.uninstall(RELEASE, timeout=120)
-        assert kube.get("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                        "outboxworkerpools.leasebox.dev") is not None  # fmt: skip
+        assert (
+            kube.get(
+                "apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                "outboxworkerpools.leasebox.dev",
+            )
+            is not None
+        )
         assert kube.get(*POOLS, "otp", APPS) is not None

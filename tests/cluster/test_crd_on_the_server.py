@@ -30,9 +30,15 @@ MESSAGES = sorted({rule.message for rules in cel_rules().values() for rule in ru
 
 def _dry_run(plane: ControlPlane, path: Path) -> tuple[int, str]:
     done = plane.kubectl(
-        "apply", "--server-side", "--dry-run=server", "--validate=strict",
-        "--force-conflicts", "-f", str(path), check=False,
-    )  # fmt: skip
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--validate=strict",
+        "--force-conflicts",
+        "-f",
+        str(path),
+        check=False,
+    )
     return done.returncode, done.stderr + done.stdout
 
 
@@ -50,7 +56,8 @@ def test_the_crd_is_accepted_and_served_with_its_printer_columns_and_subresource
     (version,) = crd["spec"]["versions"]
     assert set(version["subresources"]) == {"status", "scale"}
     resources = control_plane.kubectl("api-resources", "--api-group=leasebox.dev").stdout
-    assert "owp" in resources and "OutboxWorkerPool" in resources
+    assert "owp" in resources
+    assert "OutboxWorkerPool" in resources
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -60,8 +67,11 @@ def test_every_example_pool_is_accepted_by_the_server(
     del release
     namespace = yaml.safe_load(path.read_text(encoding="utf-8"))["metadata"].get("namespace")
     if namespace and kube.get("v1", "namespaces", namespace) is None:
-        kube.create("v1", "namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                         "metadata": {"name": namespace}})  # fmt: skip
+        kube.create(
+            "v1",
+            "namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        )
     code, output = _dry_run(control_plane, path)
     assert code == 0, output
 

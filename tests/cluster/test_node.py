@@ -19,18 +19,32 @@ def test_a_deployment_gets_running_ready_pods_that_a_delete_stops(
 ) -> None:
     labels = {"app": "serve"}
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": "serve", "namespace": namespace},
-        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"containers": [{
-                "name": "serve", "image": "leasebox", "command": ["python", "-c", SERVE],
-                "env": [{"name": "PORT", "value": "8000"}],
-                "ports": [{"name": "http", "containerPort": 8000}],
-                "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
-            }]},
-        }},
-    }  # fmt: skip
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "serve",
+                            "image": "leasebox",
+                            "command": ["python", "-c", SERVE],
+                            "env": [{"name": "PORT", "value": "8000"}],
+                            "ports": [{"name": "http", "containerPort": 8000}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/", "port": "http"},
+                                "periodSeconds": 1,
+                            },
+                        }
+                    ]
+                },
+            },
+        },
+    }
     kube.create("apps/v1", "deployments", deployment, namespace)
 
     def ready() -> int:

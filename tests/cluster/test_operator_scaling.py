@@ -33,19 +33,25 @@ POLLS = "leasebox_operator_poll_duration_seconds_count"
 
 def pool_manifest(namespace: str) -> dict[str, Any]:
     return {
-        "apiVersion": "leasebox.dev/v1alpha1", "kind": "OutboxWorkerPool",
+        "apiVersion": "leasebox.dev/v1alpha1",
+        "kind": "OutboxWorkerPool",
         "metadata": {"name": NAME, "namespace": namespace},
         "spec": {
             "kinds": ["otp"],
             "database": {"secretRef": {"name": "leasebox-database"}},
             "provider": {"secretRef": {"name": "leasebox-provider"}},
             "sla": {"oldestPendingAgeSeconds": 30},
-            "scaling": {"minReplicas": 1, "maxReplicas": 8, "pollIntervalSeconds": 1,
-                        "scaleDownStabilizationSeconds": 2, "initialWorkerThroughput": 10,
-                        "startupSeconds": 1},
+            "scaling": {
+                "minReplicas": 1,
+                "maxReplicas": 8,
+                "pollIntervalSeconds": 1,
+                "scaleDownStabilizationSeconds": 2,
+                "initialWorkerThroughput": 10,
+                "startupSeconds": 1,
+            },
             "worker": {"podTemplate": {"spec": {"nodeSelector": {"leasebox.dev/node": "none"}}}},
         },
-    }  # fmt: skip
+    }
 
 
 class Database:
@@ -93,7 +99,9 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
         return sample(operator_metrics(kube, kubelet, release, RELEASE), name)
 
     failed_polls = f'leasebox_operator_poll_errors_total{{namespace="{namespace}",pool="{NAME}"}}'
-    kube.create("v1", "secrets", secret("leasebox-database", "dsn", database.dsn, namespace), namespace)
+    kube.create(
+        "v1", "secrets", secret("leasebox-database", "dsn", database.dsn, namespace), namespace
+    )
     kube.create("v1", "secrets", secret("leasebox-provider", "url", "log://", namespace), namespace)
     kube.create(*POOLS, pool_manifest(namespace), namespace)
     pool = Pool(kube, NAME, namespace)
@@ -104,27 +112,36 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     assert deployment["metadata"]["ownerReferences"][0]["kind"] == "OutboxWorkerPool"
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     assert next(v for v in env if v["name"] == "LEASEBOX_DSN") == {
-        "name": "LEASEBOX_DSN", "valueFrom": {"secretKeyRef": {"name": "leasebox-database",
-                                                               "key": "dsn"}}}  # fmt: skip
-    wait_for(lambda: kube.get("policy/v1", "poddisruptionbudgets", pool.deployment_name,
-                              namespace), what="the PodDisruptionBudget")  # fmt: skip
+        "name": "LEASEBOX_DSN",
+        "valueFrom": {"secretKeyRef": {"name": "leasebox-database", "key": "dsn"}},
+    }
+    wait_for(
+        lambda: kube.get("policy/v1", "poddisruptionbudgets", pool.deployment_name, namespace),
+        what="the PodDisruptionBudget",
+    )
     pool.wait_condition("DatabaseReachable", "True")
 
     # A backlog arrives: replicas go up within a few polls (counted, not timed).
     polls = metric(POLLS)
     database.insert_backlog(600)
-    at_scale_up = wait_for(lambda: metric(POLLS) if (pool.replicas() or 0) > 1 else None,
-                           what="a scale-up", timeout=60)  # fmt: skip
+    at_scale_up = wait_for(
+        lambda: metric(POLLS) if (pool.replicas() or 0) > 1 else None, what="a scale-up", timeout=60
+    )
     assert at_scale_up - polls <= 4
-    wait_for(lambda: pool.status().get("backlog", {}).get("pending") == 600,
-             what="the backlog in the status")  # fmt: skip
-    scaled_up = wait_for(lambda: next((e for e in pool.events() if e["reason"] == "ScaledUp"),
-                                      None), what="the ScaledUp Event")  # fmt: skip
+    wait_for(
+        lambda: pool.status().get("backlog", {}).get("pending") == 600,
+        what="the backlog in the status",
+    )
+    scaled_up = wait_for(
+        lambda: next((e for e in pool.events() if e["reason"] == "ScaledUp"), None),
+        what="the ScaledUp Event",
+    )
     assert scaled_up["message"].startswith("scale up 1→")
     assert "backlog 600" in scaled_up["message"]
     page = operator_metrics(kube, kubelet, release, RELEASE)
-    assert (f'leasebox_pool_messages{{namespace="{namespace}",pool="{NAME}",state="pending"}} '
-            "600.0") in page  # fmt: skip
+    assert (
+        f'leasebox_pool_messages{{namespace="{namespace}",pool="{NAME}",state="pending"}} 600.0'
+    ) in page
 
     # Drained: replicas come down to minReplicas once the stabilisation window has passed.
     database.drain()
@@ -138,8 +155,7 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     database.allow_connections(False)
     pool.wait_condition("DatabaseReachable", "False", "ConnectionFailed")
     failed = metric(failed_polls)
-    wait_for(lambda: metric(failed_polls) >= failed + 3, what="three more failed polls",
-             timeout=60)  # fmt: skip
+    wait_for(lambda: metric(failed_polls) >= failed + 3, what="three more failed polls", timeout=60)
     assert pool.replicas() == before
     wait_for(lambda: "DatabaseUnreachable" in pool.event_reasons(), what="the outage Event")
     assert database.dsn not in json.dumps(pool.status())
@@ -151,8 +167,10 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     pool.wait_condition("Paused", "True")
     frozen = pool.replicas()
     database.insert_backlog(2000)
-    wait_for(lambda: pool.status().get("backlog", {}).get("pending") == 2050,
-             what="the paused pool's backlog")  # fmt: skip
+    wait_for(
+        lambda: pool.status().get("backlog", {}).get("pending") == 2050,
+        what="the paused pool's backlog",
+    )
     seen = metric(POLLS)
     wait_for(lambda: metric(POLLS) >= seen + 3, what="three more polls", timeout=60)
     assert pool.replicas() == frozen
@@ -170,8 +188,7 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     # Deleted: the children go with it.
     kube.delete(*POOLS, NAME, namespace)
     wait_for(lambda: pool.get() is None, what="the pool to be gone", timeout=60)
-    wait_for(lambda: pool.deployment() is None, what="the Deployment to be collected",
-             timeout=60)  # fmt: skip
+    wait_for(lambda: pool.deployment() is None, what="the Deployment to be collected", timeout=60)
 
 
 def test_a_pool_whose_secret_is_missing_says_so_and_recovers_when_it_appears(

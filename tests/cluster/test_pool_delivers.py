@@ -30,11 +30,12 @@ TEMPLATE: dict[str, Any] = {
     "metadata": {"labels": {"team": "identity"}, "annotations": {"mesh.example/inject": "true"}},
     "spec": {
         "nodeSelector": {"kubernetes.io/os": "linux"},
-        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mail",
-                         "effect": "NoSchedule"}],
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "mail", "effect": "NoSchedule"}
+        ],
         "imagePullSecrets": [{"name": "registry"}],
     },
-}  # fmt: skip
+}
 
 
 def pool_manifest(namespace: str, **sections: Any) -> dict[str, Any]:
@@ -43,17 +44,26 @@ def pool_manifest(namespace: str, **sections: Any) -> dict[str, Any]:
         "database": {"secretRef": {"name": "leasebox-database"}},
         "provider": {"secretRef": {"name": "leasebox-provider"}},
         "sla": {"oldestPendingAgeSeconds": 30},
-        "scaling": {"minReplicas": 1, "maxReplicas": 3, "pollIntervalSeconds": 1,
-                    "scaleDownStabilizationSeconds": 2},
-        "worker": {"concurrency": 4, "podTemplate": TEMPLATE,
-                   "env": [{"name": "LEASEBOX_POLL_INTERVAL", "value": "0.2"}]},
-    }  # fmt: skip
+        "scaling": {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "pollIntervalSeconds": 1,
+            "scaleDownStabilizationSeconds": 2,
+        },
+        "worker": {
+            "concurrency": 4,
+            "podTemplate": TEMPLATE,
+            "env": [{"name": "LEASEBOX_POLL_INTERVAL", "value": "0.2"}],
+        },
+    }
     for key, value in sections.items():
         spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
     return {
-        "apiVersion": "leasebox.dev/v1alpha1", "kind": "OutboxWorkerPool",
-        "metadata": {"name": NAME, "namespace": namespace}, "spec": spec,
-    }  # fmt: skip
+        "apiVersion": "leasebox.dev/v1alpha1",
+        "kind": "OutboxWorkerPool",
+        "metadata": {"name": NAME, "namespace": namespace},
+        "spec": spec,
+    }
 
 
 @pytest.fixture
@@ -65,10 +75,15 @@ def sink() -> Iterator[SmtpSink]:
 def _enqueue(dsn: str, count: int, prefix: str = "user") -> None:
     with psycopg.connect(dsn) as conn:
         for n in range(count):
-            enqueue(conn, OutboxMessage(
-                kind="otp", recipient=f"{prefix}{n}@example.com", aggregate_id=f"{prefix}-{n}",
-                data={"code": f"{n:06d}", "minutes_valid": 10},
-            ))  # fmt: skip
+            enqueue(
+                conn,
+                OutboxMessage(
+                    kind="otp",
+                    recipient=f"{prefix}{n}@example.com",
+                    aggregate_id=f"{prefix}-{n}",
+                    data={"code": f"{n:06d}", "minutes_valid": 10},
+                ),
+            )
         conn.commit()
 
 
@@ -83,9 +98,13 @@ def _apply_pool(
 
 
 def test_an_applied_pool_migrates_runs_its_workers_and_delivers(
-    release: str, control_plane: ControlPlane, kube: Rest, namespace: str,
-    empty_db_dsn: str, sink: SmtpSink,
-) -> None:  # fmt: skip
+    release: str,
+    control_plane: ControlPlane,
+    kube: Rest,
+    namespace: str,
+    empty_db_dsn: str,
+    sink: SmtpSink,
+) -> None:
     del release
     pool = _apply_pool(control_plane, kube, namespace, empty_db_dsn, sink)
     wait_for(lambda: pool.ready_pods() >= 1, what="a ready worker pod", timeout=120)
@@ -111,11 +130,27 @@ def test_an_applied_pool_migrates_runs_its_workers_and_delivers(
     (row,) = control_plane.table("owp", "-n", namespace)
     assert list(row) == ["NAME", "KINDS", "READY", "REPLICAS", "PENDING", "OLDEST", "SLA", "AGE"]
     assert (row["NAME"], row["KINDS"], row["READY"], row["REPLICAS"]) == (
-        NAME, "otp, verification", "True", "1")  # fmt: skip
+        NAME,
+        "otp, verification",
+        "True",
+        "1",
+    )
     assert (row["PENDING"], row["SLA"]) == ("0", "30")
     (wide,) = control_plane.table("outboxworkerpools", "-n", namespace, "-o", "wide")
-    assert list(wide) == ["NAME", "KINDS", "READY", "REPLICAS", "DESIRED", "PENDING", "OLDEST",
-                          "SLA", "DEAD", "MODE", "STATUS", "AGE"]  # fmt: skip
+    assert list(wide) == [
+        "NAME",
+        "KINDS",
+        "READY",
+        "REPLICAS",
+        "DESIRED",
+        "PENDING",
+        "OLDEST",
+        "SLA",
+        "DEAD",
+        "MODE",
+        "STATUS",
+        "AGE",
+    ]
     assert (wide["DESIRED"], wide["DEAD"], wide["MODE"]) == ("1", "0", "Operator")
     assert wide["STATUS"] == "1 of 1 workers available"
 
@@ -124,26 +159,39 @@ def test_an_applied_pool_migrates_runs_its_workers_and_delivers(
     control_plane.kubectl(
         "set", "image", f"deployment/{pool.deployment_name}", "worker=evil:1", "-n", namespace
     )
-    wait_for(lambda: (pool.deployment() or {})["spec"]["template"]["spec"]["containers"][0][
-        "image"] == image, what="the operator to put the image back", timeout=30)  # fmt: skip
+    wait_for(
+        lambda: (
+            (pool.deployment() or {})["spec"]["template"]["spec"]["containers"][0]["image"] == image
+        ),
+        what="the operator to put the image back",
+        timeout=30,
+    )
 
     # Deleted: the garbage collector takes the children, the node stops the pods.
     kube.delete(*POOLS, NAME, namespace)
     wait_for(lambda: pool.get() is None, what="the pool to be deleted", timeout=60)
-    wait_for(lambda: pool.deployment() is None, what="the Deployment to be collected",
-             timeout=60)  # fmt: skip
-    wait_for(lambda: kube.get("policy/v1", "poddisruptionbudgets", pool.deployment_name,
-                              namespace) is None, what="the PDB to be collected")  # fmt: skip
+    wait_for(lambda: pool.deployment() is None, what="the Deployment to be collected", timeout=60)
+    wait_for(
+        lambda: (
+            kube.get("policy/v1", "poddisruptionbudgets", pool.deployment_name, namespace) is None
+        ),
+        what="the PDB to be collected",
+    )
     wait_for(lambda: not kube.list("v1", "pods", namespace), what="the pods to go", timeout=90)
 
 
 def test_kubectl_scale_and_an_hpa_size_a_pool_in_mode_external(
-    release: str, control_plane: ControlPlane, kube: Rest, namespace: str,
-    db_dsn: str, sink: SmtpSink,
-) -> None:  # fmt: skip
+    release: str,
+    control_plane: ControlPlane,
+    kube: Rest,
+    namespace: str,
+    db_dsn: str,
+    sink: SmtpSink,
+) -> None:
     del release
-    pool = _apply_pool(control_plane, kube, namespace, db_dsn, sink,
-                       scaling={"mode": "External", "maxReplicas": 6})  # fmt: skip
+    pool = _apply_pool(
+        control_plane, kube, namespace, db_dsn, sink, scaling={"mode": "External", "maxReplicas": 6}
+    )
     wait_for(pool.deployment, what="the worker Deployment", timeout=60)
     done = control_plane.kubectl("scale", "owp", NAME, "--replicas=2", "-n", namespace)
     assert done.stdout.strip() == f"outboxworkerpool.leasebox.dev/{NAME} scaled"
@@ -158,14 +206,28 @@ def test_kubectl_scale_and_an_hpa_size_a_pool_in_mode_external(
 
     # An HPA drives the same subresource: its controller holds replicas within its bounds.
     hpa = {
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
         "metadata": {"name": NAME, "namespace": namespace},
-        "spec": {"scaleTargetRef": {"apiVersion": "leasebox.dev/v1alpha1",
-                                    "kind": "OutboxWorkerPool", "name": NAME},
-                 "minReplicas": 3, "maxReplicas": 3,
-                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
-                     "type": "Utilization", "averageUtilization": 80}}}]},
-    }  # fmt: skip
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "leasebox.dev/v1alpha1",
+                "kind": "OutboxWorkerPool",
+                "name": NAME,
+            },
+            "minReplicas": 3,
+            "maxReplicas": 3,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": 80},
+                    },
+                }
+            ],
+        },
+    }
     kube.create("autoscaling/v2", "horizontalpodautoscalers", hpa, namespace)
     wait_for(lambda: pool.replicas() == 3, what="the HPA's minimum on the workers", timeout=60)
     assert (pool.get() or {})["spec"]["replicas"] == 3
@@ -177,21 +239,28 @@ def test_kubectl_scale_and_an_hpa_size_a_pool_in_mode_external(
 
 
 def test_a_worker_pod_deleted_mid_send_loses_nothing(
-    release: str, control_plane: ControlPlane, kube: Rest, namespace: str,
+    release: str,
+    control_plane: ControlPlane,
+    kube: Rest,
+    namespace: str,
     db_dsn: str,
-) -> None:  # fmt: skip
+) -> None:
     del release
     with SmtpSink(delay_seconds=0.2) as slow:
-        pool = _apply_pool(control_plane, kube, namespace, db_dsn, slow,
-                           scaling={"mode": "External"})  # fmt: skip
+        pool = _apply_pool(
+            control_plane, kube, namespace, db_dsn, slow, scaling={"mode": "External"}
+        )
         control_plane.kubectl("scale", "owp", NAME, "--replicas=2", "-n", namespace)
         wait_for(lambda: pool.ready_pods() == 2, what="two ready workers", timeout=120)
         _enqueue(db_dsn, 80)
         wait_for(lambda: len(slow.received) >= 10, what="sends under way", timeout=60)
         victim = kube.list("v1", "pods", namespace)[0]["metadata"]["name"]
         control_plane.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
-        wait_for(lambda: len({m.delivery_key for m in slow.received}) == 80,
-                 what="every message delivered", timeout=120)  # fmt: skip
+        wait_for(
+            lambda: len({m.delivery_key for m in slow.received}) == 80,
+            what="every message delivered",
+            timeout=120,
+        )
         wait_for(lambda: pool.ready_pods() == 2, what="the replacement pod", timeout=120)
         wait_for(lambda: _unsettled(db_dsn) == 0, what="every message settled", timeout=120)
         copies = len(slow.received)

@@ -31,14 +31,28 @@ ACCOUNT = "system:serviceaccount:leasebox-system:leasebox"
 
 def _stand_in_crd(plural: str, kind: str) -> dict[str, Any]:
     return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-        "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                 "names": {"plural": plural, "kind": kind, "singular": kind.lower()},
-                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
-                     "openAPIV3Schema": {"type": "object",
-                                         "x-kubernetes-preserve-unknown-fields": True}}}]},
-    }  # fmt: skip
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"plural": plural, "kind": kind, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
 
 
 def _grants(rule: dict[str, Any], entry: dict[str, Any]) -> bool:
@@ -60,49 +74,81 @@ def test_the_operator_needs_every_rule_of_its_cluster_role_and_is_refused_nothin
 ) -> None:
     del release
     for plural, kind in (("podmonitors", "PodMonitor"), ("prometheusrules", "PrometheusRule")):
-        if kube.get("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                    f"{plural}.monitoring.coreos.com") is None:  # fmt: skip
-            kube.create("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                        _stand_in_crd(plural, kind))  # fmt: skip
+        if (
+            kube.get(
+                "apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                f"{plural}.monitoring.coreos.com",
+            )
+            is None
+        ):
+            kube.create(
+                "apiextensions.k8s.io/v1", "customresourcedefinitions", _stand_in_crd(plural, kind)
+            )
     kube.create("v1", "secrets", secret("leasebox-database", "dsn", db_dsn, namespace), namespace)
     kube.create("v1", "secrets", secret("leasebox-provider", "url", "log://", namespace), namespace)
     manifest = {
-        "apiVersion": "leasebox.dev/v1alpha1", "kind": "OutboxWorkerPool",
+        "apiVersion": "leasebox.dev/v1alpha1",
+        "kind": "OutboxWorkerPool",
         "metadata": {"name": "rbac", "namespace": namespace},
-        "spec": {"kinds": ["otp"], "database": {"secretRef": {"name": "leasebox-database"}},
-                 "provider": {"secretRef": {"name": "leasebox-provider"}},
-                 "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1,
-                             "initialWorkerThroughput": 1, "startupSeconds": 1},
-                 "monitoring": {"podMonitor": True, "prometheusRule": True},
-                 "worker": {"podTemplate": {"spec": {"nodeSelector": {"leasebox.dev/node": "none"}}}}},
-    }  # fmt: skip
+        "spec": {
+            "kinds": ["otp"],
+            "database": {"secretRef": {"name": "leasebox-database"}},
+            "provider": {"secretRef": {"name": "leasebox-provider"}},
+            "scaling": {
+                "minReplicas": 1,
+                "maxReplicas": 4,
+                "pollIntervalSeconds": 1,
+                "initialWorkerThroughput": 1,
+                "startupSeconds": 1,
+            },
+            "monitoring": {"podMonitor": True, "prometheusRule": True},
+            "worker": {"podTemplate": {"spec": {"nodeSelector": {"leasebox.dev/node": "none"}}}},
+        },
+    }
     control_plane.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(manifest))
     pool = Pool(kube, "rbac", namespace)
-    wait_for(lambda: kube.get("monitoring.coreos.com/v1", "prometheusrules", "rbac-worker",
-                              namespace), what="the PrometheusRule", timeout=60)  # fmt: skip
+    wait_for(
+        lambda: kube.get("monitoring.coreos.com/v1", "prometheusrules", "rbac-worker", namespace),
+        what="the PrometheusRule",
+        timeout=60,
+    )
     with psycopg.connect(db_dsn) as conn:
         insert_backlog(conn, 500, prefix="rbac")
     wait_for(lambda: (pool.replicas() or 0) > 1, what="a scale-up", timeout=60)
     # A resync applies the existing monitoring objects again (a patch, not a create).
-    wait_for(lambda: any(e["verb"] == "patch" and (e.get("objectRef") or {}).get("resource")
-                         == "podmonitors" for e in control_plane.audit_entries()),
-             what="a resync of the monitoring objects", timeout=60)  # fmt: skip
+    wait_for(
+        lambda: any(
+            e["verb"] == "patch" and (e.get("objectRef") or {}).get("resource") == "podmonitors"
+            for e in control_plane.audit_entries()
+        ),
+        what="a resync of the monitoring objects",
+        timeout=60,
+    )
     pool.patch_spec({"monitoring": {"podMonitor": False, "prometheusRule": False}})
-    wait_for(lambda: kube.get("monitoring.coreos.com/v1", "podmonitors", "rbac-worker",
-                              namespace) is None, what="the PodMonitor deleted", timeout=60)  # fmt: skip
+    wait_for(
+        lambda: (
+            kube.get("monitoring.coreos.com/v1", "podmonitors", "rbac-worker", namespace) is None
+        ),
+        what="the PodMonitor deleted",
+        timeout=60,
+    )
     kube.delete(*POOLS, "rbac", namespace)
     wait_for(lambda: pool.get() is None, what="the pool deleted", timeout=60)
 
-    entries = [e for e in control_plane.audit_entries()
-               if (e.get("user") or {}).get("username") == ACCOUNT]  # fmt: skip
+    entries = [
+        e for e in control_plane.audit_entries() if (e.get("user") or {}).get("username") == ACCOUNT
+    ]
     assert entries, "the operator made no request as its ServiceAccount"
-    refused = sorted({
-        f"{e['verb']} {(e.get('objectRef') or {}).get('resource')}"
-        f"/{(e.get('objectRef') or {}).get('subresource', '')}"
-        for e in entries
-        if (e.get("annotations") or {}).get("authorization.k8s.io/decision") != "allow"
-        and (e.get("responseStatus") or {}).get("code") == 403
-    })  # fmt: skip
+    refused = sorted(
+        {
+            f"{e['verb']} {(e.get('objectRef') or {}).get('resource')}"
+            f"/{(e.get('objectRef') or {}).get('subresource', '')}"
+            for e in entries
+            if (e.get("annotations") or {}).get("authorization.k8s.io/decision") != "allow"
+            and (e.get("responseStatus") or {}).get("code") == 403
+        }
+    )
     assert refused == [], f"the chart's RBAC refused the operator: {refused}"
 
     role = kube.get("rbac.authorization.k8s.io/v1", "clusterroles", "leasebox")
@@ -113,9 +159,11 @@ def test_the_operator_needs_every_rule_of_its_cluster_role_and_is_refused_nothin
         others = [r for i, r in enumerate(rules) if i != index]
         for verb in rule["verbs"]:
             single = {**rule, "verbs": [verb]}
-            needed = [e for e in entries
-                      if _grants(single, e) and not any(_grants(o, e) for o in others)]  # fmt: skip
+            needed = [
+                e for e in entries if _grants(single, e) and not any(_grants(o, e) for o in others)
+            ]
             if not needed:
-                dead.append(f"{verb} {','.join(rule['apiGroups']) or 'core'}/"
-                            f"{','.join(rule['resources'])}")  # fmt: skip
+                dead.append(
+                    f"{verb} {','.join(rule['apiGroups']) or 'core'}/{','.join(rule['resources'])}"
+                )
     assert dead == [], f"rules no request of the operator needed: {dead}"

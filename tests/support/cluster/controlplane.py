@@ -22,9 +22,9 @@ import ssl
 import subprocess
 import time
 import urllib.request
-
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from leasebox.testing.ports import free_port
 from support.cluster.pki import Pki, make_pki
@@ -32,10 +32,15 @@ from support.cluster.pki import Pki, make_pki
 ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = ROOT / "tools" / "bin" / "build-controlplane"
 CONTROLLERS = (
-    "deployment-controller", "replicaset-controller", "garbage-collector-controller",
-    "serviceaccount-controller", "namespace-controller", "horizontal-pod-autoscaler-controller",
-    "disruption-controller", "root-ca-certificate-publisher-controller",
-)  # fmt: skip
+    "deployment-controller",
+    "replicaset-controller",
+    "garbage-collector-controller",
+    "serviceaccount-controller",
+    "namespace-controller",
+    "horizontal-pod-autoscaler-controller",
+    "disruption-controller",
+    "root-ca-certificate-publisher-controller",
+)
 # Every request of a ServiceAccount is logged, for the RBAC coverage check.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -131,37 +136,65 @@ class ControlPlane:
         )
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
-        self.etcd = _Program("etcd", [
-            str(self.programs / "etcd"), "--name=test", f"--data-dir={self.folder / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=test={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
-        ], self.folder / "etcd.log")  # fmt: skip
-        self.apiserver = _Program("kube-apiserver", [
-            str(self.programs / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-            f"--secure-port={self.api_port}",
-            f"--tls-cert-file={self.pki.server.cert}",
-            f"--tls-private-key-file={self.pki.server.key}",
-            f"--client-ca-file={self.pki.ca}", "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={self.pki.service_account_public}",
-            f"--service-account-signing-key-file={self.pki.service_account_key}",
-            "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true",
-            f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
-            "--audit-log-format=json", "--audit-log-mode=blocking", "--profiling=false",
-            f"--cert-dir={self.folder / 'apiserver-certs'}",
-        ], self.folder / "kube-apiserver.log")  # fmt: skip
-        self.controller_manager = _Program("kube-controller-manager", [
-            str(self.programs / "kube-controller-manager"),
-            f"--kubeconfig={manager_kubeconfig}", f"--controllers={','.join(CONTROLLERS)}",
-            "--leader-elect=false", f"--root-ca-file={self.pki.ca}",
-            f"--service-account-private-key-file={self.pki.service_account_key}",
-            "--bind-address=127.0.0.1", "--secure-port=0",
-            "--horizontal-pod-autoscaler-sync-period=2s",
-            "--horizontal-pod-autoscaler-downscale-stabilization=0s",
-        ], self.folder / "kube-controller-manager.log")  # fmt: skip
+        self.etcd = _Program(
+            "etcd",
+            [
+                str(self.programs / "etcd"),
+                "--name=test",
+                f"--data-dir={self.folder / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=test={peer_url}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+            self.folder / "etcd.log",
+        )
+        self.apiserver = _Program(
+            "kube-apiserver",
+            [
+                str(self.programs / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+                f"--secure-port={self.api_port}",
+                f"--tls-cert-file={self.pki.server.cert}",
+                f"--tls-private-key-file={self.pki.server.key}",
+                f"--client-ca-file={self.pki.ca}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={self.pki.service_account_public}",
+                f"--service-account-signing-key-file={self.pki.service_account_key}",
+                "--service-cluster-ip-range=10.96.0.0/24",
+                "--allow-privileged=true",
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
+                "--profiling=false",
+                f"--cert-dir={self.folder / 'apiserver-certs'}",
+            ],
+            self.folder / "kube-apiserver.log",
+        )
+        self.controller_manager = _Program(
+            "kube-controller-manager",
+            [
+                str(self.programs / "kube-controller-manager"),
+                f"--kubeconfig={manager_kubeconfig}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--leader-elect=false",
+                f"--root-ca-file={self.pki.ca}",
+                f"--service-account-private-key-file={self.pki.service_account_key}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--horizontal-pod-autoscaler-sync-period=2s",
+                "--horizontal-pod-autoscaler-downscale-stabilization=0s",
+            ],
+            self.folder / "kube-controller-manager.log",
+        )
 
     @property
     def url(self) -> str:
@@ -187,11 +220,17 @@ class ControlPlane:
             "kind": "Config",
             "current-context": "test",
             "clusters": [
-                {"name": "test", "cluster": {"server": self.url, "certificate-authority": str(self.pki.ca)}}
+                {
+                    "name": "test",
+                    "cluster": {"server": self.url, "certificate-authority": str(self.pki.ca)},
+                }
             ],
             "users": [{"name": "test", "user": user}],
             "contexts": [
-                {"name": "test", "context": {"cluster": "test", "user": "test", "namespace": namespace}}
+                {
+                    "name": "test",
+                    "context": {"cluster": "test", "user": "test", "namespace": namespace},
+                }
             ],
         }
         path.write_text(json.dumps(config, indent=2), encoding="utf-8")  # JSON is YAML
@@ -250,15 +289,23 @@ class ControlPlane:
             program.stop()
 
     def kubectl(
-        self, *args: str, kubeconfig: Path | None = None, stdin: str | None = None,
-        check: bool = True, timeout: float = 120,
+        self,
+        *args: str,
+        kubeconfig: Path | None = None,
+        stdin: str | None = None,
+        check: bool = True,
+        timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
         """The pinned kubectl against this cluster (as the administrator by default)."""
         done = subprocess.run(
-            [str(self.programs / "kubectl"), *args], input=stdin, capture_output=True,
-            text=True, timeout=timeout, check=False,
+            [str(self.programs / "kubectl"), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
             env={**os.environ, "KUBECONFIG": str(kubeconfig or self.admin_kubeconfig)},
-        )  # fmt: skip
+        )
         if check and done.returncode != 0:
             raise AssertionError(
                 f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}"
@@ -272,10 +319,12 @@ class ControlPlane:
         starts = [header.index(name) for name in names]
         ends = [*starts[1:], None]
         return [
-            {name: line[start:end].strip()
-             for name, start, end in zip(names, starts, ends, strict=True)}
+            {
+                name: line[start:end].strip()
+                for name, start, end in zip(names, starts, ends, strict=True)
+            }
             for line in lines
-        ]  # fmt: skip
+        ]
 
     def token(self, namespace: str, service_account: str, *, seconds: int = 7200) -> str:
         """A token of a ServiceAccount from the TokenRequest API."""
@@ -284,7 +333,7 @@ class ControlPlane:
         )
         return done.stdout.strip()
 
-    def audit_entries(self) -> list[dict[str, object]]:
+    def audit_entries(self) -> list[dict[str, Any]]:
         """Every request of a ServiceAccount the API server has logged so far."""
         if not self.audit_log.exists():
             return []

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster.controlplane import ROOT, ControlPlane, ControlPlaneUnavailable, start_control_plane
+from support.cluster.controlplane import (
+    ROOT,
+    ControlPlane,
+    ControlPlaneUnavailable,
+    start_control_plane,
+)
 from support.cluster.kubelet import ProcessKubelet, cleanup
 from support.cluster.rest import Rest
 
@@ -55,7 +60,9 @@ def kube(control_plane: ControlPlane) -> Rest:
 def namespace(kube: Rest, control_plane: ControlPlane) -> Iterator[str]:
     """A namespace of this test's own, deleted (with everything in it) afterwards."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    kube.create("v1", "namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube.create(
+        "v1", "namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
     yield name
     kube.delete("v1", "namespaces", name)
 

@@ -27,6 +27,7 @@ What a process on one host cannot have is imitated, and only that:
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import os
@@ -39,7 +40,6 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from leasebox.testing.ports import free_port
 from support.cluster.controlplane import ControlPlane
@@ -86,20 +86,27 @@ class _Container:
         if self.process is not None and self.exit_code is None:
             return {"running": {"startedAt": self.started_at}}
         if self.exit_code is not None:
-            return {"terminated": {
-                "exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
-                "startedAt": self.started_at, "finishedAt": self.finished_at,
-            }}  # fmt: skip
+            return {
+                "terminated": {
+                    "exitCode": self.exit_code,
+                    "reason": "Completed" if self.exit_code == 0 else "Error",
+                    "startedAt": self.started_at,
+                    "finishedAt": self.finished_at,
+                }
+            }
         reason, message = self.waiting or ("ContainerCreating", "")
         return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
 
     def status(self) -> Body:
         return {
-            "name": self.name, "image": str(self.spec.get("image", "")), "imageID": "",
-            "ready": self.ready, "restartCount": self.restarts,
+            "name": self.name,
+            "image": str(self.spec.get("image", "")),
+            "imageID": "",
+            "ready": self.ready,
+            "restartCount": self.restarts,
             "started": self.process is not None and self.exit_code is None,
             "state": self.state(),
-        }  # fmt: skip
+        }
 
 
 class PodRunner:
@@ -138,8 +145,10 @@ class PodRunner:
             if ref.get("optional"):
                 return None
             what = "secret" if plural == "secrets" else "configmap"
-            missing = f'{what} "{ref["name"]}" not found' if found is None else (
-                f'couldn\'t find key {ref["key"]} in {what} {self.namespace}/{ref["name"]}'
+            missing = (
+                f'{what} "{ref["name"]}" not found'
+                if found is None
+                else (f"couldn't find key {ref['key']} in {what} {self.namespace}/{ref['name']}")
             )
             raise _ConfigError(missing)
         value = data[ref["key"]]
@@ -147,22 +156,33 @@ class PodRunner:
 
     def _field(self, path: str) -> str:
         fields = {
-            "metadata.name": self.name, "metadata.namespace": self.namespace,
-            "metadata.uid": self.uid, "spec.nodeName": NODE, "status.podIP": "127.0.0.1",
+            "metadata.name": self.name,
+            "metadata.namespace": self.namespace,
+            "metadata.uid": self.uid,
+            "spec.nodeName": NODE,
+            "status.podIP": "127.0.0.1",
             "status.hostIP": "127.0.0.1",
             "spec.serviceAccountName": str(self.spec.get("serviceAccountName", "default")),
-        }  # fmt: skip
-        return fields.get(path, "")
+        }
+        return str(fields.get(path, ""))
 
     def _kubeconfig(self) -> Path | None:
         if self.spec.get("automountServiceAccountToken") is False:
             return None
         account = str(self.spec.get("serviceAccountName") or "default")
         request = {
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 7200, "boundObjectRef": {
-                "kind": "Pod", "apiVersion": "v1", "name": self.name, "uid": self.uid}},
-        }  # fmt: skip
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": 7200,
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": self.name,
+                    "uid": self.uid,
+                },
+            },
+        }
         path = f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token"
         try:
             token = self.node.rest.request("POST", path, request)["status"]["token"]
@@ -174,10 +194,13 @@ class PodRunner:
 
     def _environment(self, spec: Body, kubeconfig: Path | None) -> dict[str, str]:
         env = {
-            "PATH": os.environ.get("PATH", ""), "HOME": str(self.folder), "LANG": "C.UTF-8",
-            "HOSTNAME": self.name, "PYTHONPATH": str(_SHIM),
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": str(self.folder),
+            "LANG": "C.UTF-8",
+            "HOSTNAME": self.name,
+            "PYTHONPATH": str(_SHIM),
             "LEASEBOX_TEST_SERVICES": str(self.node.services_file),
-        }  # fmt: skip
+        }
         if kubeconfig:
             env["KUBECONFIG"] = str(kubeconfig)
         for source in spec.get("envFrom", []):
@@ -187,8 +210,10 @@ class PodRunner:
                     found = self.node.rest.get("v1", plural, source[key]["name"], self.namespace)
                     if found is None and not source[key].get("optional"):
                         raise _ConfigError(f'{plural[:-1]} "{source[key]["name"]}" not found')
-                    for name, value in ((found or {}).get("data") or {}).items():
-                        decoded = base64.b64decode(value).decode() if plural == "secrets" else value
+                    for name, encoded in ((found or {}).get("data") or {}).items():
+                        decoded = (
+                            base64.b64decode(encoded).decode() if plural == "secrets" else encoded
+                        )
                         env[prefix + name] = str(decoded)
         for var in spec.get("env", []):
             source = var.get("valueFrom") or {}
@@ -237,9 +262,13 @@ class PodRunner:
             return False
         log = (self.folder / f"{container.name}.log").open("ab")
         container.process = subprocess.Popen(
-            self._command(container.spec, env), env=env, cwd=self.folder,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            self._command(container.spec, env),
+            env=env,
+            cwd=self.folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         container.exit_code, container.waiting, container.started_at = None, None, _now()
         return True
@@ -308,8 +337,10 @@ class PodRunner:
                 elif code is None:
                     container.ready = self._probe(container)
             self._report()
-            if all(c.exit_code is not None and not self._restart_allowed(c.exit_code)
-                   for c in self.containers):  # fmt: skip
+            if all(
+                c.exit_code is not None and not self._restart_allowed(c.exit_code)
+                for c in self.containers
+            ):
                 return self._hold()
             self.stopping.wait(min(1.0, self._period()))
         return None
@@ -341,19 +372,27 @@ class PodRunner:
         ready = initialized and all(c.ready for c in self.containers)
 
         def condition(kind: str, value: bool) -> Body:
-            return {"type": kind, "status": "True" if value else "False",
-                    "lastTransitionTime": self.start_time}  # fmt: skip
+            return {
+                "type": kind,
+                "status": "True" if value else "False",
+                "lastTransitionTime": self.start_time,
+            }
 
         status = {
-            "phase": self._phase(), "hostIP": "127.0.0.1", "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}], "startTime": self.start_time,
+            "phase": self._phase(),
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
+            "startTime": self.start_time,
             "conditions": [
-                condition("PodScheduled", True), condition("Initialized", initialized),
-                condition("ContainersReady", ready), condition("Ready", ready),
+                condition("PodScheduled", True),
+                condition("Initialized", initialized),
+                condition("ContainersReady", ready),
+                condition("Ready", ready),
             ],
             "initContainerStatuses": [c.status() for c in self.init],
             "containerStatuses": [c.status() for c in self.containers],
-        }  # fmt: skip
+        }
         with self._lock:
             if status == getattr(self, "_reported", None):
                 return
@@ -419,28 +458,40 @@ class ProcessKubelet:
             runner.terminate(5)
 
     def _register(self) -> None:
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": NODE_LABELS}}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE, "labels": NODE_LABELS},
+        }
         try:
             self.rest.create("v1", "nodes", node)
         except ApiError as exc:
             if exc.status != 409:
                 raise
-        status = {"status": {
-            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "500"},
-            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "500"},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "the process kubelet is running",
-                            "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-        }}  # fmt: skip
+        status = {
+            "status": {
+                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "500"},
+                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "500"},
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "the process kubelet is running",
+                        "lastHeartbeatTime": _now(),
+                        "lastTransitionTime": _now(),
+                    }
+                ],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            }
+        }
         self.rest.merge_patch("v1", "nodes", NODE, status, subresource="status")
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
+            # The API server may be restarting: the next round tries again.
+            with contextlib.suppress(ApiError, OSError):
                 self._sync()
-            except (ApiError, OSError):
-                pass  # the API server is restarting: the next round tries again
             self._stop.wait(0.25)
 
     def _sync(self) -> None:
@@ -463,7 +514,10 @@ class ProcessKubelet:
                     grace = float(meta.get("deletionGracePeriodSeconds") or 0)
                     threading.Thread(target=self._delete, args=(pod, grace), daemon=True).start()
                 continue
-            if runner is None and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            if runner is None and (pod.get("status") or {}).get("phase") not in (
+                "Succeeded",
+                "Failed",
+            ):
                 runner = self.pods[uid] = PodRunner(self, pod)
                 runner.start()
         for uid in set(self.pods) - seen:
@@ -477,14 +531,18 @@ class ProcessKubelet:
 
     def _bind(self, pod: Body) -> None:
         meta = pod["metadata"]
-        binding = {"apiVersion": "v1", "kind": "Binding",
-                   "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}  # fmt: skip
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+        }
         try:
             self.rest.request(
-                "POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
+                "POST",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
                 binding,
-            )  # fmt: skip
+            )
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
@@ -496,9 +554,12 @@ class ProcessKubelet:
             runner.terminate(grace)
         try:
             self.rest.delete(
-                "v1", "pods", meta["name"], meta["namespace"],
+                "v1",
+                "pods",
+                meta["name"],
+                meta["namespace"],
                 body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
-            )  # fmt: skip
+            )
         except (ApiError, OSError):
             self._terminating.discard(meta["uid"])  # tried again next round
 
@@ -510,20 +571,29 @@ class ProcessKubelet:
             if not selector:
                 continue
             ready = [
-                self.pods[p["metadata"]["uid"]] for p in pods
+                self.pods[p["metadata"]["uid"]]
+                for p in pods
                 if p["metadata"]["namespace"] == meta["namespace"]
                 and p["metadata"]["uid"] in self.pods
-                and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-                and any(c["type"] == "Ready" and c["status"] == "True"
-                        for c in (p.get("status") or {}).get("conditions", []))
-            ]  # fmt: skip
+                and all(
+                    (p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items()
+                )
+                and any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in (p.get("status") or {}).get("conditions", [])
+                )
+            ]
             if not ready:
                 continue
             ports: dict[str, int] = {}
             for port in spec.get("ports", []):
                 target = port.get("targetPort", port["port"])
                 runner = ready[0]
-                host = runner.port_names.get(target) if isinstance(target, str) else runner.ports.get(int(target))
+                host = (
+                    runner.port_names.get(target)
+                    if isinstance(target, str)
+                    else runner.ports.get(int(target))
+                )
                 if host:
                     ports[str(port["port"])] = host
             for suffix in ("", ".svc", ".svc.cluster.local"):

@@ -77,12 +77,18 @@ class _Authority:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
-            )  # fmt: skip
+            )
             .sign(self.key, hashes.SHA256())
         )
 
@@ -137,9 +143,14 @@ def make_pki(folder: Path) -> Pki:
         )
 
     server_names = (
-        "127.0.0.1", "localhost", "kubernetes", "kubernetes.default",
-        "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "10.96.0.1",
-    )  # fmt: skip
+        "127.0.0.1",
+        "localhost",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+        "10.96.0.1",
+    )
     signing = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     public = folder / "service-accounts.pub"
     public.write_bytes(

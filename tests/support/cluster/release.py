@@ -63,9 +63,11 @@ def helm_client(plane: ControlPlane, namespace: str) -> Iterator[helm.Config]:
 
 def secret(name: str, key: str, value: str, namespace: str) -> Body:
     return {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
         "data": {key: base64.b64encode(value.encode()).decode()},
-    }  # fmt: skip
+    }
 
 
 def operator_pods(kube: Rest, namespace: str, release: str) -> list[Body]:
@@ -73,7 +75,9 @@ def operator_pods(kube: Rest, namespace: str, release: str) -> list[Body]:
     return kube.list("v1", "pods", namespace, labelSelector=selector)
 
 
-def running_operator_pods(kube: Rest, kubelet: ProcessKubelet, namespace: str, release: str) -> list[str]:
+def running_operator_pods(
+    kube: Rest, kubelet: ProcessKubelet, namespace: str, release: str
+) -> list[str]:
     """Names of the release's operator pods whose process runs on the node."""
     return [
         pod["metadata"]["name"]
@@ -87,9 +91,10 @@ def running_operator_pods(kube: Rest, kubelet: ProcessKubelet, namespace: str, r
 def operator_log(kubelet: ProcessKubelet, namespace: str) -> str:
     """Every operator container's log in `namespace` so far, pod after pod."""
     return "\n".join(
-        runner.log("operator") for runner in kubelet.runners(namespace)
+        runner.log("operator")
+        for runner in kubelet.runners(namespace)
         if any(c.name == "operator" for c in runner.containers)
-    )  # fmt: skip
+    )
 
 
 class Pool:
@@ -130,18 +135,23 @@ class Pool:
 
     def events(self) -> list[Body]:
         found = [
-            e for e in self.kube.list("v1", "events", self.namespace)
+            e
+            for e in self.kube.list("v1", "events", self.namespace)
             if (e.get("involvedObject") or {}).get("name") == self.name
-        ]  # fmt: skip
+        ]
         return sorted(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
 
     def event_reasons(self) -> list[str]:
         return [str(e.get("reason")) for e in self.events()]
 
-    def wait_condition(self, kind: str, status: str, reason: str | None = None,
-                       timeout: float = 60) -> None:  # fmt: skip
-        wait_for(lambda: self.condition_is(kind, status, reason),
-                 what=f"{kind}={status} {reason or ''} on pool {self.name}", timeout=timeout)  # fmt: skip
+    def wait_condition(
+        self, kind: str, status: str, reason: str | None = None, timeout: float = 60
+    ) -> None:
+        wait_for(
+            lambda: self.condition_is(kind, status, reason),
+            what=f"{kind}={status} {reason or ''} on pool {self.name}",
+            timeout=timeout,
+        )
 
 
 def operator_metrics(kube: Rest, kubelet: ProcessKubelet, namespace: str, release: str) -> str:

@@ -118,9 +118,11 @@ class Rest:
     ) -> Body:
         path = resource_path(api_version, plural, namespace, name)
         return self.request(
-            "PATCH", path + (f"/{subresource}" if subresource else ""), patch,
+            "PATCH",
+            path + (f"/{subresource}" if subresource else ""),
+            patch,
             content_type="application/merge-patch+json",
-        )  # fmt: skip
+        )
 
     def apply(self, body: Body, *, force: bool = False, subresource: str = "") -> Body:
         """Server-side apply under this client's field manager."""
@@ -131,12 +133,19 @@ class Rest:
         if force:
             query["force"] = "true"
         return self.request(
-            "PATCH", path + (f"/{subresource}" if subresource else ""), body,
-            content_type="application/apply-patch+yaml", query=query,
-        )  # fmt: skip
+            "PATCH",
+            path + (f"/{subresource}" if subresource else ""),
+            body,
+            content_type="application/apply-patch+yaml",
+            query=query,
+        )
 
     def delete(
-        self, api_version: str, plural: str, name: str, namespace: str | None = None,
+        self,
+        api_version: str,
+        plural: str,
+        name: str,
+        namespace: str | None = None,
         body: Body | None = None,
     ) -> None:
         try:
