@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pytest's own process (for a debugger, or -x to stop at the first failure in order).
 TEST_PROCESSES ?= 2
 
-.PHONY: help install tools demo test test-second-pg lint format crds bench bench-quick bench-deps mutate clean
+.PHONY: help install tools cluster-programs cluster demo test test-second-pg lint format crds bench bench-quick bench-deps mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -39,6 +39,14 @@ tools: ## install system tools the tests use (promtool, kubectl) when missing an
 	  else echo "kubectl is missing: install the kubernetes-client package" >&2; fi; \
 	fi
 
+cluster-programs: ## build etcd, kube-apiserver, kube-controller-manager and kubectl once into ~/.cache/leasebox (needs Go; CI requires it)
+	@if command -v go >/dev/null 2>&1; then tools/bin/build-controlplane >/dev/null; \
+	elif [ -n "$$CI" ]; then echo "go is missing: the cluster tests build the control plane from Go modules" >&2; exit 1; \
+	else echo "go is missing: the cluster tests will skip (install Go 1.26 or newer, https://go.dev/doc/install)"; fi
+
+cluster: install cluster-programs ## start the test control plane and its process node by hand (ARGS=--chart also installs the chart); Ctrl-C stops it
+	cd tests && ../$(BIN)/python -m support.cluster.serve $(ARGS)
+
 demo: install ## run the whole flow on an embedded PostgreSQL and print what held
 	$(BIN)/leasebox demo
 
@@ -52,7 +60,7 @@ format: install ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: install tools lint ## lint, then every test on embedded PostgreSQL 18, then the database tests on a second version
+test: install tools lint cluster-programs ## lint, then every test on embedded PostgreSQL 18 and the real control plane, then the database tests on a second version
 	$(BIN)/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-second-pg
 

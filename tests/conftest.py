@@ -27,7 +27,7 @@ from psycopg import conninfo, sql
 
 from leasebox.db.migrations import migrate
 
-pytest_plugins = ["support.kube.emulator", "support.cluster.fixtures"]
+pytest_plugins = ["support.cluster.fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"

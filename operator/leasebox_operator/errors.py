@@ -38,6 +38,19 @@ class ChildConflict(PoolProblem):
     reason = "ChildConflict"
 
 
+class FieldConflict(PoolProblem):
+    """Another field manager *applies* fields of a child that the operator applies too.
+
+    `fields` pairs each contested field with the manager that holds it.
+    """
+
+    reason = "FieldConflict"
+
+    def __init__(self, message: str, fields: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
 class PollError(PoolProblem):
     """The backlog could not be read (reason: ConnectionFailed, QueryTimeout, ...)."""
 

@@ -48,9 +48,13 @@ class Runtime:
     # Set by the cleanup activity: a poll loop still running then ends by itself, rather
     # than retrying without a login until kopf cancels it.
     closed: bool = False
+    _kube: Kube | None = None
 
     def kube(self) -> Kube:
-        return Kube(self.connection.api, instance=self.settings.identity)
+        """The one API client of the operator (it follows re-logins; see `Kube`)."""
+        if self._kube is None:
+            self._kube = Kube(self.connection.api, instance=self.settings.identity)
+        return self._kube
 
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:

@@ -1,8 +1,9 @@
 """The operator's Kubernetes calls, on the official client, as plain dicts.
 
 Everything the operator reads or writes besides what kopf itself watches goes through
-here: children are *applied* with server-side apply under one field manager (so drift
-made by hand is taken back on the next apply, and fields others own are left alone), the
+here: children are *applied* with server-side apply under one field manager, never forcing
+on the first try, so that a conflict with another manager comes back as `FieldConflict`
+and the caller decides (see `reconcile._apply_child`), the
 worker replicas change only through the Deployment's `scale` subresource, Secrets are
 read key by key, the pool's status is merge-patched, and Events are posted as the
 operator's own (kopf's are turned off). Callers see dicts, `None` for "not found" and
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import re
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -20,14 +23,19 @@ from typing import Any, cast
 
 from kubernetes.aio import client
 
-from leasebox_operator.errors import SecretError
+from leasebox_operator.errors import FieldConflict, SecretError
 from leasebox_operator.models import GROUP, PLURAL, VERSION
 from leasebox_operator.polling import DeploymentState
 
 FIELD_MANAGER = "leasebox-operator"
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
+# How long a discovery answer is reused: an API group that is served rarely goes away, while
+# one that is missing (the Prometheus Operator's CRDs, say) may be installed any minute.
 DISCOVERY_TTL_SECONDS = 300.0
+DISCOVERY_MISSING_TTL_SECONDS = 10.0
+# The server names the other manager of a contested field in each cause's message.
+CONFLICT_MANAGER = re.compile(r'conflict with "([^"]+)"')
 # Children of built-in kinds go through their typed API; the rest are custom objects.
 TYPED = {"Deployment": "deployment", "PodDisruptionBudget": "pod_disruption_budget"}
 CUSTOM = {"PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
@@ -37,16 +45,30 @@ def _missing(exc: client.ApiException) -> bool:
     return bool(exc.status == 404)
 
 
+def _conflict(kind: str, name: str, exc: client.ApiException) -> FieldConflict:
+    """The fields of a refused apply and their managers, from the server's Status body."""
+    try:
+        causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
+    except ValueError:
+        causes = []
+    fields = tuple(
+        (str(c.get("field", "")), m[1])
+        for c in causes
+        if (m := CONFLICT_MANAGER.search(str(c.get("message", ""))))
+    )
+    listed = ", ".join(f"{f} (held by {m!r})" for f, m in fields) or "fields held by others"
+    return FieldConflict(f"{kind} {name}: {listed}", fields)
+
+
 class Kube:
     """The operator's API calls, on one `kubernetes.aio` API client."""
-
-    _discovery: dict[str, tuple[float, frozenset[str]]] = {}
 
     def __init__(self, api: Callable[[], client.ApiClient], *, instance: str = "") -> None:
         """`api` returns the current client: a login after a 401 replaces it."""
         self._api = api
         self.component = FIELD_MANAGER
         self.instance = instance or FIELD_MANAGER
+        self._discovery: dict[str, tuple[float, frozenset[str]]] = {}
 
     @property
     def api(self) -> client.ApiClient:
@@ -112,22 +134,30 @@ class Kube:
             raise
         return cast(dict[str, Any], result)
 
-    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply a child under the operator's field manager, forcing ownership."""
+    async def apply(self, manifest: Mapping[str, Any], *, force: bool = False) -> dict[str, Any]:
+        """Server-side apply a child under the operator's field manager.
+
+        Without `force`, fields another manager holds are a `FieldConflict` naming them.
+        """
         kind, meta = manifest["kind"], manifest["metadata"]
         options: dict[str, Any] = {
-            "field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY
+            "field_manager": FIELD_MANAGER, "force": force, "_content_type": APPLY
         }  # fmt: skip
-        if kind in TYPED:
-            api, suffix = self._typed(kind)
-            applied = await getattr(api, f"patch_namespaced_{suffix}")(
-                meta["name"], meta["namespace"], dict(manifest), **options
-            )
-            return self._plain(applied)
-        result = await self.custom.patch_namespaced_custom_object(
-            "monitoring.coreos.com", "v1", meta["namespace"], CUSTOM[kind], meta["name"],
-            dict(manifest), **options,
-        )  # fmt: skip
+        try:
+            if kind in TYPED:
+                api, suffix = self._typed(kind)
+                applied = await getattr(api, f"patch_namespaced_{suffix}")(
+                    meta["name"], meta["namespace"], dict(manifest), **options
+                )
+                return self._plain(applied)
+            result = await self.custom.patch_namespaced_custom_object(
+                "monitoring.coreos.com", "v1", meta["namespace"], CUSTOM[kind], meta["name"],
+                dict(manifest), **options,
+            )  # fmt: skip
+        except client.ApiException as exc:
+            if exc.status == 409 and not force:
+                raise _conflict(kind, meta["name"], exc) from None
+            raise
         return cast(dict[str, Any], result)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
@@ -151,7 +181,9 @@ class Kube:
     async def serves(self, api_version: str, plural: str) -> bool:
         """Whether the cluster serves `plural` in `api_version` (e.g. a PodMonitor CRD)."""
         cached = self._discovery.get(api_version)
-        if cached is None or time.monotonic() - cached[0] > DISCOVERY_TTL_SECONDS:
+        if cached is None or time.monotonic() - cached[0] > (
+            DISCOVERY_TTL_SECONDS if plural in cached[1] else DISCOVERY_MISSING_TTL_SECONDS
+        ):
             group, _, version = api_version.rpartition("/")
             try:
                 listing = await self.custom.get_api_resources(group, version)

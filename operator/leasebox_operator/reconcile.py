@@ -3,10 +3,17 @@
 The manifests come from `children` (pure); this module sends them through a small port,
 `ChildrenApi`, that the official client implements (`kube.Kube`) and the tests fake. A
 child is created once (its creator then owns `spec.replicas`) and afterwards *applied*
-with server-side apply, which changes nothing when nothing changed, puts back what was
-edited by hand and leaves alone the fields others own, above all the replicas that the
-poll loop, an HPA or `kubectl scale` set through `/scale`. A reconcile touches replicas
-only when a new min/max puts them out of bounds.
+with server-side apply, which changes nothing when nothing changed and leaves alone the
+fields others own, above all the replicas that the poll loop, an HPA or `kubectl scale` set
+through `/scale`. A reconcile touches replicas only when a new min/max puts them out of
+bounds.
+
+A field the operator sets that someone else changed is a conflict, settled by how they
+changed it. An imperative edit (`kubectl edit`, `kubectl set image`: an *Update*) is drift,
+taken back. Another *applier* (a GitOps tool applying the Deployment) declares an intent of
+its own: forcing would make the two take the field from each other on every resync, so the
+operator reports the conflict (`FieldConflict`: the fields and the manager) and leaves the
+child as it is until one of them gives the field up.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from pydantic import ValidationError
 
 from leasebox_operator import alerts, children
 from leasebox_operator.children import Pool
-from leasebox_operator.errors import ChildConflict, InvalidSpec, SecretError
+from leasebox_operator.errors import ChildConflict, FieldConflict, InvalidSpec, SecretError
 from leasebox_operator.models import POOL_RULES, PoolSpec
 
 MONITORING = "monitoring.coreos.com/v1"
@@ -35,7 +42,9 @@ class ChildrenApi(Protocol):
 
     async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None: ...
 
-    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def apply(
+        self, manifest: Mapping[str, Any], *, force: bool = False
+    ) -> dict[str, Any]: ...
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool: ...
 
@@ -105,6 +114,12 @@ def _owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
     return any(ref.get("uid") == uid for ref in refs)
 
 
+def _appliers(obj: Mapping[str, Any]) -> set[str]:
+    """The field managers of `obj` that hold fields by server-side apply."""
+    entries = (obj.get("metadata") or {}).get("managedFields") or []
+    return {str(e.get("manager")) for e in entries if e.get("operation") == "Apply"}
+
+
 def _version(obj: Mapping[str, Any] | None) -> str | None:
     return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
 
@@ -135,7 +150,20 @@ async def _apply_child(
         raise ChildConflict(f"{kind} {meta['name']} exists and is not owned by this pool")
     without_replicas = json.loads(json.dumps(manifest))
     (without_replicas.get("spec") or {}).pop("replicas", None)  # the scaler's field
-    result = await kube.apply(without_replicas)
+    try:
+        result = await kube.apply(without_replicas)
+    except FieldConflict as conflict:
+        appliers = _appliers(existing)
+        if any(manager in appliers for _, manager in conflict.fields):
+            raise FieldConflict(
+                f"{conflict.message}; another manager applies these fields too, so the "
+                "operator leaves them: remove them from that manager's manifest",
+                conflict.fields,
+            ) from None
+        result = await kube.apply(without_replicas, force=True)
+        managers = sorted({manager for _, manager in conflict.fields})
+        applied.actions.append(f"took back {kind} {meta['name']} fields edited by {managers}")
+        return result
     if _version(result) != _version(existing):
         applied.actions.append(f"updated {kind} {meta['name']}")
     return result

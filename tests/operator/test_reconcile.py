@@ -14,7 +14,7 @@ import pytest
 
 from leasebox_operator import reconcile
 from leasebox_operator.children import Pool
-from leasebox_operator.errors import ChildConflict, InvalidSpec, SecretError
+from leasebox_operator.errors import ChildConflict, FieldConflict, InvalidSpec, SecretError
 from leasebox_operator.models import PoolSpec
 
 OWNER: dict[str, Any] = {
@@ -43,6 +43,8 @@ class FakeApi:
         self.secrets: dict[str, frozenset[str]] = {"db": frozenset({"dsn"}),
                                                   "mail": frozenset({"url"})}  # fmt: skip
         self.version = 0
+        # The field manager that changed the Deployment's image since it was applied.
+        self.image_changed_by: str | None = None
 
     def _store(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -61,10 +63,18 @@ class FakeApi:
             return None
         return self._store(manifest)
 
-    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"apply {manifest['kind']}")
+    async def apply(self, manifest: Mapping[str, Any], *, force: bool = False) -> dict[str, Any]:
+        self.calls.append(f"apply {manifest['kind']}" + (" forced" if force else ""))
         key = (manifest["kind"], manifest["metadata"]["name"])
         before = self.objects[key]
+        if manifest["kind"] == "Deployment" and self.image_changed_by:
+            manager = self.image_changed_by
+            if not force:
+                field = ".spec.template.spec.containers[name=worker].image"
+                raise FieldConflict(f"Deployment otp-worker: {field}", ((field, manager),))
+            self.image_changed_by = None
+            entries = before["metadata"].get("managedFields", [])
+            before["metadata"]["managedFields"] = [e for e in entries if e["manager"] != manager]
         merged = copy.deepcopy(dict(manifest))
         if "replicas" in before.get("spec", {}):
             merged["spec"]["replicas"] = before["spec"]["replicas"]
@@ -87,6 +97,14 @@ class FakeApi:
         if name not in self.secrets:
             raise SecretError(f"Secret {namespace}/{name} does not exist")
         return self.secrets[name]
+
+    def change_image(self, manager: str, operation: str) -> None:
+        """Another field manager sets the worker image (by `Update` or by `Apply`)."""
+        deployment = self.objects[("Deployment", "otp-worker")]
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "other:1"
+        entry = {"manager": manager, "operation": operation}
+        deployment["metadata"].setdefault("managedFields", []).append(entry)
+        self.image_changed_by = manager
 
 
 def _typed(api: FakeApi) -> reconcile.ChildrenApi:
@@ -180,3 +198,32 @@ def test_a_name_too_long_for_the_deployment_is_an_invalid_spec() -> None:
     body = {**OWNER, "metadata": {"name": "x" * 57, "namespace": "mail"}, "spec": BASE}
     with pytest.raises(InvalidSpec, match="at most 56 characters"):
         reconcile.parse_pool(body)
+
+
+async def test_an_image_changed_by_an_imperative_edit_is_taken_back() -> None:
+    api = FakeApi()
+    await reconcile.apply_children(api, OWNER, _pool(), "img:1")
+    api.change_image("kubectl-set", "Update")
+    api.calls.clear()
+    applied = await reconcile.apply_children(api, OWNER, _pool(), "img:1")
+    assert api.calls[:2] == ["apply Deployment", "apply Deployment forced"]
+    assert "took back Deployment otp-worker fields edited by ['kubectl-set']" in applied.actions
+    deployment = api.objects[("Deployment", "otp-worker")]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "img:1"
+
+
+async def test_an_image_another_manager_applies_is_reported_and_not_forced() -> None:
+    api = FakeApi()
+    await reconcile.apply_children(api, OWNER, _pool(), "img:1")
+    api.change_image("gitops", "Apply")
+    api.calls.clear()
+    with pytest.raises(FieldConflict) as conflict:
+        await reconcile.apply_children(api, OWNER, _pool(), "img:1")
+    assert api.calls == ["apply Deployment"]
+    assert conflict.value.reason == "FieldConflict"
+    assert conflict.value.fields == (
+        (".spec.template.spec.containers[name=worker].image", "gitops"),
+    )
+    assert "another manager applies these fields too" in conflict.value.message
+    deployment = api.objects[("Deployment", "otp-worker")]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "other:1"

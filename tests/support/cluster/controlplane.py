@@ -23,6 +23,7 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,7 @@ class ControlPlane:
     etcd: _Program = field(init=False)
     apiserver: _Program = field(init=False)
     controller_manager: _Program = field(init=False)
+    warming: list[tuple[datetime, datetime]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -275,8 +277,20 @@ class ControlPlane:
         self._wait(self.etcd, self._etcd_healthy, timeout)
 
     def start_apiserver(self, timeout: float = 120) -> None:
+        """Start the API server; remember when it served requests before it was ready."""
+        began = datetime.now(UTC)
         self.apiserver.start()
         self._wait(self.apiserver, self.ready, timeout)
+        self.warming.append((began, datetime.now(UTC)))
+
+    def while_warming(self, entry: dict[str, Any]) -> bool:
+        """Whether an audit entry was received while the API server was starting.
+
+        A starting server answers before its RBAC caches are filled, and refuses everyone
+        in that window; clients retry. Such refusals say nothing about the chart's rules.
+        """
+        received = datetime.fromisoformat(str(entry.get("requestReceivedTimestamp", "")))
+        return any(began <= received <= ready for began, ready in self.warming)
 
     def start(self) -> ControlPlane:
         self.start_etcd()
