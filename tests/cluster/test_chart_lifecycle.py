@@ -191,9 +191,11 @@ def test_upgrade_failover_test_and_uninstall_of_the_chart_with_a_pool_running(
             what="two operator pods",
             timeout=OPERATOR_START_SECONDS,
         )
+        earlier = len(_scale_writers(plane, APPS, pool.deployment_name))
         pool.patch_spec({"scaling": {"minReplicas": 2}})
         wait_for(lambda: pool.replicas() == 2, what="a scale by the leader", timeout=60)
-        (leader_agent,) = set(_scale_writers(plane, APPS, pool.deployment_name)[-1:])
+        # Both run, one acts: every scale write since the second replica came is one pod's.
+        (leader_agent,) = set(_scale_writers(plane, APPS, pool.deployment_name)[earlier:])
         leader = next(
             p for p in running_operator_pods(kube, node, SYSTEM, RELEASE) if p in leader_agent
         )

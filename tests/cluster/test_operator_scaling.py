@@ -20,8 +20,9 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
+from leasebox.db.migrations import migrate
 from support.cluster.kubelet import ProcessKubelet
-from support.cluster.release import POOLS, Pool, operator_metrics, sample, secret
+from support.cluster.release import POOLS, Pool, operator_log, operator_metrics, sample, secret
 from support.cluster.rest import ApiError, Rest
 from support.outbox_rows import insert_backlog
 from support.waiting import wait_for
@@ -138,15 +139,20 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     )
     assert scaled_up["message"].startswith("scale up 1→")
     assert "backlog 600" in scaled_up["message"]
+    assert "SLA" in scaled_up["message"]
     page = operator_metrics(kube, kubelet, release, RELEASE)
-    assert (
-        f'leasebox_pool_messages{{namespace="{namespace}",pool="{NAME}",state="pending"}} 600.0'
-    ) in page
+    labels = f'namespace="{namespace}",pool="{NAME}"'
+    assert f'leasebox_pool_messages{{{labels},state="pending"}} 600.0' in page
+    assert f"leasebox_pool_sla_seconds{{{labels}}} 30.0" in page
 
     # Drained: replicas come down to minReplicas once the stabilisation window has passed.
     database.drain()
     wait_for(lambda: pool.replicas() == 1, what="the scale-down to minReplicas", timeout=60)
     wait_for(lambda: "ScaledDown" in pool.event_reasons(), what="the ScaledDown Event")
+    wait_for(
+        lambda: pool.status().get("lastScaleReason", "").startswith("scale down"),
+        what="the scale-down reason in the status",
+    )
 
     # The database goes away: replicas kept, DatabaseReachable=False, an Event; then back.
     database.insert_backlog(50)
@@ -189,6 +195,39 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     kube.delete(*POOLS, NAME, namespace)
     wait_for(lambda: pool.get() is None, what="the pool to be gone", timeout=60)
     wait_for(lambda: pool.deployment() is None, what="the Deployment to be collected", timeout=60)
+
+    # The operator's log: one JSON object per line, and never the database's DSN.
+    log = operator_log(kubelet, release)
+    assert log.strip()
+    for line in log.splitlines():
+        assert {"time", "level", "logger", "message"} <= set(json.loads(line)), line
+    assert database.dsn not in log
+
+
+def test_a_pool_on_an_empty_database_says_who_migrates_it_and_sees_the_schema_arrive(
+    release: str, kube: Rest, namespace: str, empty_db_dsn: str
+) -> None:
+    del release
+    kube.create(
+        "v1", "secrets", secret("leasebox-database", "dsn", empty_db_dsn, namespace), namespace
+    )
+    kube.create("v1", "secrets", secret("leasebox-provider", "url", "log://", namespace), namespace)
+    kube.create(*POOLS, pool_manifest(namespace), namespace)
+    pool = Pool(kube, NAME, namespace)
+
+    # Its pods stay Pending, so nothing but the test migrates the database.
+    pool.wait_condition("Ready", "False", "SchemaMissing", timeout=60)
+    assert "init container" in (pool.condition("Ready") or {})["message"]
+    wait_for(lambda: "SchemaMissing" in pool.event_reasons(), what="the SchemaMissing Event")
+
+    migrate(empty_db_dsn)
+    wait_for(lambda: "SchemaReady" in pool.event_reasons(), what="the SchemaReady Event")
+    ready = wait_for(
+        lambda: (c := pool.condition("Ready")) and c["reason"] != "SchemaMissing" and c,
+        what="Ready to move past SchemaMissing",
+    )
+    assert ready["status"] == "False"  # the workers, still Pending, are what it waits for
+    assert pool.event_reasons().count("SchemaMissing") == 1
 
 
 def test_a_pool_whose_secret_is_missing_says_so_and_recovers_when_it_appears(
