@@ -66,9 +66,15 @@ class EmbeddedPostgres:
     """One PostgreSQL server with its data under `data_dir`, on `127.0.0.1:port`."""
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, password: str | None = None
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        password: str | None = None,
+        socket_dir: Path | None = None,
     ) -> None:
         self.data_dir = data_dir.resolve()
+        # Off by default: a socket in a shared folder would collide with a system server's.
+        self.socket_dir = socket_dir.resolve() if socket_dir else None
         self.port = port or free_port()
         self.password = password
         self._bin = binaries_dir()
@@ -113,10 +119,15 @@ class EmbeddedPostgres:
         _open_up(self._bin.parent / "lib", 0o044)
         _open_up(self._bin.parent / "share", 0o044)
         os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+        if self.socket_dir is not None:
+            _open_up(self.socket_dir)
+            os.chown(self.socket_dir, entry.pw_uid, entry.pw_gid)
 
     def initialise(self) -> None:
         """Create the data directory and run initdb if it holds no cluster yet."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.socket_dir is not None:
+            self.socket_dir.mkdir(parents=True, exist_ok=True)
         self._prepare_permissions()
         if (self.data_dir / "PG_VERSION").exists():
             return
@@ -139,7 +150,11 @@ class EmbeddedPostgres:
         self.initialise()
         options = " ".join(
             f"-c {k}={v!r}" if v == "" else f"-c {k}={v}"
-            for k, v in {**FAST_SETTINGS, "port": str(self.port)}.items()
+            for k, v in {
+                **FAST_SETTINGS,
+                "port": str(self.port),
+                "unix_socket_directories": str(self.socket_dir or ""),
+            }.items()
         )
         self._run(
             "pg_ctl",
