@@ -133,6 +133,9 @@ class PodRunner:
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
         self._lock = threading.Lock()
+        # Held while a process starts, and while `terminate` takes the processes to stop:
+        # a container restarting as its pod is deleted must not outlive the pod.
+        self._launching = threading.Lock()
 
     def start(self) -> None:
         self._thread.start()
@@ -260,16 +263,18 @@ class PodRunner:
         except _ConfigError as exc:
             container.waiting = ("CreateContainerConfigError", str(exc))
             return False
-        log = (self.folder / f"{container.name}.log").open("ab")
-        container.process = subprocess.Popen(
-            self._command(container.spec, env),
-            env=env,
-            cwd=self.folder,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        with self._launching:
+            if self.stopping.is_set():
+                return False
+            with (self.folder / f"{container.name}.log").open("ab") as log:
+                container.process = subprocess.Popen(
+                    self._command(container.spec, env),
+                    env=env,
+                    cwd=self.folder,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         container.exit_code, container.waiting, container.started_at = None, None, _now()
         return True
 
@@ -406,8 +411,9 @@ class PodRunner:
 
     def terminate(self, grace: float) -> None:
         """SIGTERM every process, SIGKILL what is left after `grace` seconds."""
-        self.stopping.set()
-        processes = [c.process for c in (*self.init, *self.containers) if c.process]
+        with self._launching:
+            self.stopping.set()
+            processes = [c.process for c in (*self.init, *self.containers) if c.process]
         for process in processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
