@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from support.chart import of_kind, render  # noqa: E402
 from support.cluster.controlplane import ControlPlane, start_control_plane  # noqa: E402
+from support.cluster.release import pool_body  # noqa: E402
 from support.outbox_rows import insert_backlog  # noqa: E402
 
 CRD = ROOT / "crds" / "outboxworkerpools.leasebox.dev.yaml"
@@ -83,19 +84,8 @@ def seed_backlog(dsn: str, rows: int) -> None:
 
 
 def _pool(name: str, namespace: str, poll_interval: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "leasebox.dev/v1alpha1",
-        "kind": "OutboxWorkerPool",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "kinds": ["otp"],
-            "database": {"secretRef": {"name": "leasebox-database"}},
-            "provider": {"secretRef": {"name": "leasebox-provider"}},
-            "sla": {"oldestPendingAgeSeconds": 30},
-            "scaling": {"minReplicas": 1, "maxReplicas": 2, "pollIntervalSeconds": poll_interval},
-            "worker": {"podTemplate": {"spec": {"nodeSelector": {"leasebox.dev/node": "none"}}}},
-        },
-    }
+    scaling = {"minReplicas": 1, "maxReplicas": 2, "pollIntervalSeconds": poll_interval}
+    return pool_body(name, namespace, scaling=scaling, sla={"oldestPendingAgeSeconds": 30})
 
 
 def _access(namespace: str, dsn: str) -> list[dict[str, Any]]:

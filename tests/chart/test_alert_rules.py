@@ -6,9 +6,7 @@ The rules live in one plain Prometheus rules file that the chart's PrometheusRul
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from monitoring_sources import RULES_FILE, alert_expressions, alerts, exported_series, load_rules
+from support.prometheus import required_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
@@ -26,12 +25,7 @@ RUNBOOK_BASE = "https://github.com/leasebox/leasebox/blob/main/docs/runbooks.md"
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing: install the Debian package prometheus")
-        pytest.skip("promtool is missing (Debian package prometheus)")
-    return found
+    return required_tool("promtool", "prometheus")
 
 
 def github_anchor(heading: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from support.cluster.controlplane import ControlPlane
-from support.cluster.release import POOLS, Pool, secret
+from support.cluster.release import POOLS, Pool, pool_body, secret
 from support.cluster.rest import Rest
 from support.waiting import wait_for
 
@@ -31,17 +31,8 @@ WORKER_IMAGE = '.spec.template.spec.containers[name="worker"].image'
 
 
 def pool_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "leasebox.dev/v1alpha1",
-        "kind": "OutboxWorkerPool",
-        "metadata": {"name": NAME, "namespace": namespace},
-        "spec": {
-            "kinds": ["otp"],
-            "database": {"secretRef": {"name": "leasebox-database"}},
-            "provider": {"secretRef": {"name": "leasebox-provider"}},
-            "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1},
-        },
-    }
+    scaling = {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1}
+    return pool_body(NAME, namespace, scaling=scaling, pending=False)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from leasebox.testing.ports import free_port
 from leasebox.testing.smtp_sink import SmtpSink
 from monitoring_sources import alert_expressions, dashboard_expressions
 from support.cluster.kubelet import ProcessKubelet
-from support.cluster.release import POOLS, running_operator_pods, secret
+from support.cluster.release import POOLS, pool_body, running_operator_pods, secret
 from support.cluster.rest import Rest
 from support.prometheus import Prometheus
 from support.waiting import wait_for
@@ -83,19 +83,8 @@ def test_every_alert_and_dashboard_query_answers_from_real_scrapes(
 ) -> None:
     kube.create("v1", "secrets", secret("leasebox-database", "dsn", db_dsn, namespace), namespace)
     kube.create("v1", "secrets", secret("leasebox-provider", "url", "log://", namespace), namespace)
-    pool = {
-        "apiVersion": "leasebox.dev/v1alpha1",
-        "kind": "OutboxWorkerPool",
-        "metadata": {"name": POOL_NAME, "namespace": namespace},
-        "spec": {
-            "kinds": ["otp"],
-            "database": {"secretRef": {"name": "leasebox-database"}},
-            "provider": {"secretRef": {"name": "leasebox-provider"}},
-            "sla": {"oldestPendingAgeSeconds": 60},
-            "scaling": {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1},
-            "worker": {"podTemplate": {"spec": {"nodeSelector": {"leasebox.dev/node": "none"}}}},
-        },
-    }
+    scaling = {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1}
+    pool = pool_body(POOL_NAME, namespace, scaling=scaling, sla={"oldestPendingAgeSeconds": 60})
     kube.create(*POOLS, pool, namespace)
     (operator_pod, *_) = running_operator_pods(kube, kubelet, release, RELEASE)
     operator_port = kubelet.host_port(release, operator_pod, "http-metrics")

@@ -22,7 +22,15 @@ from psycopg import conninfo, sql
 
 from leasebox.db.migrations import migrate
 from support.cluster.kubelet import ProcessKubelet
-from support.cluster.release import POOLS, Pool, operator_log, operator_metrics, sample, secret
+from support.cluster.release import (
+    POOLS,
+    Pool,
+    operator_log,
+    operator_metrics,
+    pool_body,
+    sample,
+    secret,
+)
 from support.cluster.rest import ApiError, Rest
 from support.outbox_rows import insert_backlog
 from support.waiting import wait_for
@@ -33,26 +41,15 @@ POLLS = "leasebox_operator_poll_duration_seconds_count"
 
 
 def pool_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "leasebox.dev/v1alpha1",
-        "kind": "OutboxWorkerPool",
-        "metadata": {"name": NAME, "namespace": namespace},
-        "spec": {
-            "kinds": ["otp"],
-            "database": {"secretRef": {"name": "leasebox-database"}},
-            "provider": {"secretRef": {"name": "leasebox-provider"}},
-            "sla": {"oldestPendingAgeSeconds": 30},
-            "scaling": {
-                "minReplicas": 1,
-                "maxReplicas": 8,
-                "pollIntervalSeconds": 1,
-                "scaleDownStabilizationSeconds": 2,
-                "initialWorkerThroughput": 10,
-                "startupSeconds": 1,
-            },
-            "worker": {"podTemplate": {"spec": {"nodeSelector": {"leasebox.dev/node": "none"}}}},
-        },
+    scaling = {
+        "minReplicas": 1,
+        "maxReplicas": 8,
+        "pollIntervalSeconds": 1,
+        "scaleDownStabilizationSeconds": 2,
+        "initialWorkerThroughput": 10,
+        "startupSeconds": 1,
     }
+    return pool_body(NAME, namespace, scaling=scaling, sla={"oldestPendingAgeSeconds": 30})
 
 
 class Database:

@@ -22,13 +22,18 @@ import yaml
 from leasebox.testing.ports import free_port
 
 
-def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
+def required_tool(name: str, package: str) -> str:
+    """The path of a system program the tests need: a failure under CI, a skip elsewhere."""
+    found = shutil.which(name)
     if found is None:
         if os.environ.get("CI"):
-            pytest.fail("prometheus is missing: install the Debian package prometheus")
-        pytest.skip("prometheus is missing (Debian package prometheus)")
+            pytest.fail(f"{name} is missing: install the Debian package {package}")
+        pytest.skip(f"{name} is missing (Debian package {package})")
     return found
+
+
+def prometheus_binary() -> str:
+    return required_tool("prometheus", "prometheus")
 
 
 class Prometheus:

@@ -61,6 +61,32 @@ def helm_client(plane: ControlPlane, namespace: str) -> Iterator[helm.Config]:
         config.close()
 
 
+# Pods that select a node no one has stay Pending, as on a full cluster: the operator's
+# decisions are then the only thing that moves.
+PENDING = {"podTemplate": {"spec": {"nodeSelector": {"leasebox.dev/node": "none"}}}}
+
+
+def pool_body(
+    name: str, namespace: str, *, scaling: Body, pending: bool = True, **sections: Any
+) -> Body:
+    """An OutboxWorkerPool of `otp` reading the `leasebox-database` and `-provider` Secrets."""
+    spec: Body = {
+        "kinds": ["otp"],
+        "database": {"secretRef": {"name": "leasebox-database"}},
+        "provider": {"secretRef": {"name": "leasebox-provider"}},
+        **sections,
+        "scaling": scaling,
+    }
+    if pending:
+        spec["worker"] = copy.deepcopy(PENDING)
+    return {
+        "apiVersion": "leasebox.dev/v1alpha1",
+        "kind": "OutboxWorkerPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
 def secret(name: str, key: str, value: str, namespace: str) -> Body:
     return {
         "apiVersion": "v1",
