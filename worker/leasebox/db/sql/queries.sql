@@ -58,6 +58,17 @@ LIMIT 1;
 -- Serialise callers on one key until the end of the transaction.
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
+-- name: touch_guard_subject
+-- Serialise the guard's callers on one counted subject, and fail a stale snapshot.
+-- The row's lock serialises callers under READ COMMITTED, so the count that follows sees what
+-- the previous holder committed. Under REPEATABLE READ and SERIALIZABLE the count reads the
+-- caller's snapshot: if another request rewrote the row after that snapshot was taken, this
+-- update fails with a serialization failure (40001) rather than let the count miss its send.
+INSERT INTO {schema}.guard_subjects AS g (subject, touched_at)
+VALUES (hashtextextended(%(subject)s, 0), now())
+ON CONFLICT (subject) DO UPDATE SET touched_at = excluded.touched_at
+RETURNING g.touched_at;
+
 -- name: count_recipient_window
 -- Logical sends to one normalised recipient inside the abuse guard's window.
 SELECT count(*) AS n, min(created_at) AS oldest, now() AS now

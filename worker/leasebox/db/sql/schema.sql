@@ -135,6 +135,20 @@ CREATE INDEX receipts_late_idx ON {schema}.receipts (outbox_bucket)
 
 CREATE TABLE {schema}.receipts_default PARTITION OF {schema}.receipts DEFAULT;
 
+-- The abuse guard's counted subjects (a hash of a recipient's normalised form, or of a
+-- scope), each rewritten by every send it counts: under REPEATABLE READ or SERIALIZABLE a
+-- request whose snapshot cannot see another's send fails on this row with a serialization
+-- failure instead of counting too few; under READ COMMITTED its lock serialises the callers.
+-- Retention removes the rows no send touched for longer than it keeps.
+CREATE TABLE {schema}.guard_subjects (
+    subject bigint PRIMARY KEY,
+    touched_at timestamptz NOT NULL
+) WITH (
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.05,
+    autovacuum_vacuum_cost_delay = 0
+);
+
 -- The attempt history: one row per event in a message's life (each claim, how each lease
 -- ended, an expiry in the queue, a requeue), written by the statement that makes the change.
 -- It lives in its message's partition (`bucket`) and goes with it. Append-only.
