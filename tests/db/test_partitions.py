@@ -69,10 +69,14 @@ def test_a_day_without_a_partition_takes_its_rows_and_maintenance_gives_them_the
 
     created = ensure_partitions(db_conn)
 
+    # The receipt's day, and (its TTL is followed) every receipts day up to a week past it.
+    receipt_day = later.date() + timedelta(days=1)
+    today = database_today(db_conn)
+    receipt_days = {today + timedelta(days=n) for n in range((receipt_day - today).days + 8)}
     assert {(p.table, p.start) for p in created} == {
         ("outbox", later.date()),
         ("history", later.date()),
-        ("receipts", later.date() + timedelta(days=1)),
+        *(("receipts", day) for day in receipt_days if day > today + timedelta(days=DAYS_AHEAD)),
     }
     assert [default_partition_rows(db_conn, t) for t in PARTITIONED_TABLES] == [0, 0, 0]
     row = db_conn.execute(

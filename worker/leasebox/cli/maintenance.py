@@ -190,6 +190,7 @@ def run_purge(args: argparse.Namespace) -> int:
 
 def run_prune(args: argparse.Namespace) -> int:
     from leasebox.cli.common import parse_duration
+    from leasebox.errors import DatabaseError
     from leasebox.store.pruning import prune
 
     retention = parse_duration(args.retention)
@@ -215,6 +216,7 @@ def run_prune(args: argparse.Namespace) -> int:
                     "receipts": result.receipts,
                     "kept": result.kept,
                     "partitions": list(result.partitions),
+                    "problem": result.problem,
                 }
             )
         )
@@ -224,6 +226,9 @@ def run_prune(args: argparse.Namespace) -> int:
             f"({len(result.partitions)} day partitions dropped); kept {result.kept} messages "
             "of those days that are not sent, dead, or named by a live receipt"
         )
+    if result.problem:
+        # The days were dropped; what the partition upkeep could not do is a failure to retry.
+        raise DatabaseError(result.problem)
     return 0
 
 

@@ -22,7 +22,7 @@ knows: a request retried after its message was dropped is a new request, and sen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from typing import Any
 
@@ -30,13 +30,14 @@ import psycopg
 from psycopg import sql
 
 from leasebox.db.partitions import (
-    LOCK_TIMEOUT,
     PARTITIONED_TABLES,
+    LocksUnavailable,
     Partition,
-    bound_lock_waits,
+    PartitionsIncomplete,
     drop_partitions,
     ensure_partitions,
     list_partitions,
+    lock_briefly,
     serialise_maintenance,
 )
 from leasebox.db.queries import DEFAULT_SCHEMA, query
@@ -47,12 +48,14 @@ from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
 @dataclass(frozen=True)
 class PruneResult:
     """What one `prune` removed: sent messages and receipts, and the partitions dropped;
-    `kept` counts the messages of those days moved forward because they are still wanted."""
+    `kept` counts the messages of those days moved forward because they are still wanted.
+    `problem` is what the partition upkeep that runs first could not do (None: all of it)."""
 
     sent: int
     receipts: int
     partitions: tuple[str, ...] = ()
     kept: int = 0
+    problem: str | None = None
 
 
 def prune(
@@ -80,17 +83,22 @@ def prune(
         )
     if not conn.autocommit:
         conn.commit()
+    problem = None
     try:
-        return _prune(conn, retention_seconds, schema)
-    except psycopg.errors.LockNotAvailable:
+        ensure_partitions(conn, schema)
+    except PartitionsIncomplete as exc:  # the days to drop do not depend on the days ahead
+        problem = str(exc)
+    try:
+        result = _prune(conn, retention_seconds, schema)
+    except LocksUnavailable as exc:
         raise DatabaseError(
-            f"another transaction is using the days to drop (it held a lock for over "
-            f"{LOCK_TIMEOUT}): nothing was dropped; run prune again when it is done"
+            f"{exc}: nothing was dropped; run prune again when it is done"
+            + (f"; also {problem}" if problem else "")
         ) from None
+    return replace(result, problem=problem)
 
 
 def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str) -> PruneResult:
-    ensure_partitions(conn, schema)
     today, cutoff = _days(conn, retention_seconds)
     # Counted before the tables are locked, so that the lock (which every statement on them
     # waits for) covers the moves and the drops alone: counting a day of a million messages
@@ -116,7 +124,6 @@ def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str)
             for table in PARTITIONED_TABLES
         }
         dropped = [p for partitions in old.values() for p in partitions]
-        bound_lock_waits(conn)  # after the maintenance lock: another prune may take long
         _hold(conn, dropped, schema)
         kept = _keep_wanted(conn, schema, today, cutoff, short=cutoff >= today)
         drop_partitions(conn, dropped, schema)
@@ -147,20 +154,27 @@ def _before(partition: Partition, cutoff: date) -> bool:
     return not partition.default and partition.end is not None and partition.end <= cutoff
 
 
+# The order in which retention locks the partitioned tables: the producers' order. A request
+# with an idempotency key reads its receipt before the outbox, and no producer reads the
+# history; the workers' statements, which touch the history before the outbox, wait on a
+# try that holds them for less than a deadlock check takes (`lock_briefly`).
+LOCK_ORDER = ("receipts", "outbox", "history")
+
+
 def _hold(conn: psycopg.Connection[Any], partitions: list[Partition], schema: str) -> None:
-    """Lock the partitioned tables, with all their partitions, in one statement before
-    anything else, when there are partitions to drop: nothing reads or writes them until
-    the moves and the drops are done.
+    """Lock the partitioned tables, with all their partitions, before anything else, when
+    there are partitions to drop: nothing reads or writes them until the drops are done.
 
     Dropping a partition takes its table's lock: asked for after the partition's own, it
-    would close a cycle with a reader that holds the table and waits for the partition (a
-    deadlock whose victim may be a producer's `enqueue`). Asked for first, it waits for the
-    readers holding the tables and holds nothing they wait for. All three go together, as
-    the moves write to each of them.
+    would close a cycle with a reader that holds the table and waits for the partition.
+    Asked for first, in the producers' order (`LOCK_ORDER`) and in short tries, it waits for
+    the transactions holding the tables and never holds one while a producer waiting on it
+    could be chosen as a deadlock's victim: a try gives everything back first.
     """
     if partitions:
-        names = sql.SQL(", ").join(sql.Identifier(schema, table) for table in PARTITIONED_TABLES)
-        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(names))
+        names = sql.SQL(", ").join(sql.Identifier(schema, table) for table in LOCK_ORDER)
+        statement = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(names)
+        lock_briefly(conn, [statement], what="the days to drop")
 
 
 def _keep_wanted(

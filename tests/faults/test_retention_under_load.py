@@ -1,0 +1,200 @@
+"""Partition upkeep and retention while producers keep writing, on real connections.
+
+The parties run against each other: a producer's transaction that is open (or commits) while
+a partition is attached or a day is dropped, a producer that retries a request while prune
+holds the tables. Each step of the upkeep fails alone (a lock another transaction holds too
+long) without stopping the others, and `leasebox prune` says so in one line.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from leasebox import enqueue
+from leasebox.cli.main import main
+from leasebox.db.partitions import (
+    DAYS_AHEAD,
+    PartitionsIncomplete,
+    database_today,
+    day_partition_name,
+    default_partition_rows,
+    ensure_partitions,
+    list_partitions,
+)
+from support.outbox_rows import otp
+from support.waiting import wait_for, waiting_on_a_lock
+
+MONTH = 30 * 86400.0
+
+
+def long_lived_receipt(conn: psycopg.Connection[Any], key: str, ttl: float = MONTH) -> None:
+    """A request whose receipt lives a month: it expires on a day further out than the days
+    made ahead, so it lands in the receipts' default partition until that day has its own."""
+    enqueue(conn, otp(secrets={}), idempotency_key=key, receipt_ttl_seconds=ttl)
+
+
+def more_written(written: list[int], at_least: int) -> Callable[[], bool]:
+    return lambda: len(written) >= at_least
+
+
+def receipt_days(conn: psycopg.Connection[Any]) -> list[date]:
+    days = [p.start for p in list_partitions(conn, "receipts") if not p.default and p.start]
+    conn.rollback()
+    return sorted(days)
+
+
+@pytest.fixture
+def maintenance(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """The connection the upkeep runs on, named so that a test sees it wait."""
+    with psycopg.connect(db_dsn, autocommit=True, application_name="upkeep") as conn:
+        yield conn
+
+
+def test_a_day_is_attached_while_a_producer_writes_to_the_default_partition(
+    db_dsn: str, db_conn: psycopg.Connection[Any], maintenance: psycopg.Connection[Any]
+) -> None:
+    # Receipts expiring the day after the last one made: the first day the upkeep attaches.
+    ttl = (DAYS_AHEAD + 1) * 86400.0
+    long_lived_receipt(db_conn, "first", ttl)
+    db_conn.commit()
+    assert default_partition_rows(db_conn, "receipts") == 1
+    db_conn.commit()
+    with psycopg.connect(db_dsn) as producer, ThreadPoolExecutor(1) as upkeep:
+        # A request of the same day, not committed yet: its receipt is in the default partition.
+        long_lived_receipt(producer, "second", ttl)
+        made = upkeep.submit(ensure_partitions, maintenance)
+        wait_for(lambda: waiting_on_a_lock(db_conn, "upkeep"), what="the upkeep to wait")
+        producer.commit()
+        created = made.result(timeout=60)
+    expiry_day = database_today(db_conn) + timedelta(days=DAYS_AHEAD + 1)
+    assert ("receipts", expiry_day) in {(p.table, p.start) for p in created}
+    assert default_partition_rows(db_conn, "receipts") == 0
+    rows = db_conn.execute(
+        "SELECT idempotency_key, tableoid::regclass::text FROM leasebox.receipts ORDER BY 1"
+    ).fetchall()
+    partition = f"leasebox.{day_partition_name('receipts', expiry_day)}"
+    assert rows == [("first", partition), ("second", partition)]
+
+
+def test_partitions_are_made_ahead_of_the_longest_receipt_ttl_in_use(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    today = database_today(db_conn)
+    long_lived_receipt(db_conn, "seen")
+    db_conn.commit()
+    ensure_partitions(db_conn)
+    # The month-long TTL in use is seen: the days after its expiry day are made too, so the
+    # receipts of the coming days (and of a slightly longer TTL) never wait in the default.
+    assert receipt_days(db_conn)[-1] == today + timedelta(days=30 + DAYS_AHEAD)
+    for n, key in enumerate(("next-day", "longer")):
+        enqueue(
+            db_conn,
+            otp(secrets={}),
+            idempotency_key=key,
+            receipt_ttl_seconds=MONTH + (n + 1) * 86400,
+        )
+    db_conn.commit()
+    assert default_partition_rows(db_conn, "receipts") == 0
+
+
+def test_a_step_that_cannot_get_its_lock_fails_alone_and_the_others_are_done(
+    db_dsn: str, db_conn: psycopg.Connection[Any], maintenance: psycopg.Connection[Any]
+) -> None:
+    today = database_today(db_conn)
+    long_lived_receipt(db_conn, "waiting")
+    db_conn.commit()
+    far = today + timedelta(days=40)
+    with psycopg.connect(db_dsn) as reader:
+        # A report over the receipts whose transaction stays open for longer than the upkeep
+        # waits for the receipts' default partition.
+        reader.execute("SELECT count(*) FROM leasebox.receipts")
+        with pytest.raises(PartitionsIncomplete) as caught:
+            ensure_partitions(maintenance, today=far)
+        reader.rollback()
+    incomplete = caught.value
+    assert [f.table for f in incomplete.failures] == ["receipts"]
+    assert "receipts" in str(incomplete)
+    assert "\n" not in str(incomplete)
+    # The outbox and history days, and the receipts' days that needed no lock of the default
+    # partition's rows, were made all the same.
+    made = {(p.table, p.start) for p in incomplete.created}
+    for table in ("outbox", "history"):
+        assert (table, far + timedelta(days=DAYS_AHEAD)) in made
+    assert default_partition_rows(db_conn, "receipts") == 1
+
+
+def test_prune_drops_the_old_days_when_a_partition_cannot_be_made_and_says_so_in_one_line(
+    db_dsn: str, db_conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    today = database_today(db_conn)
+    old_day = today - timedelta(days=20)
+    ensure_partitions(db_conn, today=old_day)
+    long_lived_receipt(db_conn, "waiting")
+    # A table left behind under the name of a day the upkeep makes: that day cannot be made.
+    blocker = day_partition_name("receipts", today + timedelta(days=33))
+    db_conn.execute(sql.SQL("CREATE TABLE {} ()").format(sql.Identifier("leasebox", blocker)))
+    db_conn.commit()
+
+    code = main(["prune", "--dsn", db_dsn, "--retention", "7d"])
+
+    out, err = capsys.readouterr()
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("leasebox prune: error: could not make every partition")
+    assert f"receipts {today + timedelta(days=33)} (DuplicateTable" in lines[0]
+    assert "Traceback" not in err
+    assert "day partitions dropped" in out
+    outbox_days = {p.start for p in list_partitions(db_conn, "outbox") if not p.default}
+    receipts_days = {p.start for p in list_partitions(db_conn, "receipts") if not p.default}
+    db_conn.rollback()
+    assert old_day not in outbox_days
+    # The days around the one that failed were made.
+    assert {today + timedelta(days=n) for n in (30, 32, 34, 37)} <= receipts_days
+
+
+def test_days_are_attached_while_producers_keep_writing_to_the_default_partition(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    # Each round the producers switch to a TTL beyond every day made so far, so their
+    # receipts land in the default partition while the upkeep attaches their day.
+    ttl_days = [60]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    written: list[int] = []
+
+    def produce(n: int) -> None:
+        try:
+            with psycopg.connect(db_dsn) as conn:
+                while not stop.is_set():
+                    key = f"p{n}-{len(written)}"
+                    ttl = ttl_days[-1] * 86400.0
+                    enqueue(conn, otp(secrets={}), idempotency_key=key, receipt_ttl_seconds=ttl)
+                    conn.commit()
+                    written.append(n)
+        except BaseException as exc:  # asserted below
+            errors.append(exc)
+
+    producers = [threading.Thread(target=produce, args=(n,)) for n in range(3)]
+    for thread in producers:
+        thread.start()
+    try:
+        with psycopg.connect(db_dsn, autocommit=True) as maintenance:
+            for round_ in range(4):
+                ttl_days.append(60 + 20 * round_)
+                wait_for(more_written(written, len(written) + 10), what="the producers")
+                ensure_partitions(maintenance)
+    finally:
+        stop.set()
+        for thread in producers:
+            thread.join()
+    assert errors == []
+    assert len(written) > 40
