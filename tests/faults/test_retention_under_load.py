@@ -9,9 +9,9 @@ long) without stopping the others, and `leasebox prune` says so in one line.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -29,10 +29,12 @@ from leasebox.db.partitions import (
     ensure_partitions,
     list_partitions,
 )
-from support.outbox_rows import otp
+from leasebox.store.pruning import PruneResult, prune
+from support.outbox_rows import insert_message, otp
 from support.waiting import wait_for, waiting_on_a_lock
 
 MONTH = 30 * 86400.0
+WEEK = 7 * 86400.0
 
 
 def long_lived_receipt(conn: psycopg.Connection[Any], key: str, ttl: float = MONTH) -> None:
@@ -41,7 +43,7 @@ def long_lived_receipt(conn: psycopg.Connection[Any], key: str, ttl: float = MON
     enqueue(conn, otp(secrets={}), idempotency_key=key, receipt_ttl_seconds=ttl)
 
 
-def more_written(written: list[int], at_least: int) -> Callable[[], bool]:
+def more_written(written: Sized, at_least: int) -> Callable[[], bool]:
     return lambda: len(written) >= at_least
 
 
@@ -198,3 +200,90 @@ def test_days_are_attached_while_producers_keep_writing_to_the_default_partition
             thread.join()
     assert errors == []
     assert len(written) > 40
+
+
+def sent_days_ago(conn: psycopg.Connection[Any], days: int, count: int) -> None:
+    """`count` messages sent `days` days ago, in their day's partition."""
+    for n in range(count):
+        insert_message(
+            conn,
+            status="sent",
+            sent_at=datetime.now(UTC) - timedelta(days=days),
+            kind="otp",
+            recipient="ada@example.com",
+            template="otp",
+            delivery_key=f"otp:old-{days}-{n}",
+        )
+    conn.commit()
+    ensure_partitions(conn)
+
+
+def prune_week(dsn: str) -> PruneResult:
+    with psycopg.connect(dsn, autocommit=True, application_name="prune") as conn:
+        return prune(conn, retention_seconds=WEEK)
+
+
+def test_prune_never_deadlocks_with_a_request_that_reuses_its_receipt(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    first = enqueue(db_conn, otp(secrets={}), idempotency_key="retried", scope="login")
+    db_conn.commit()
+    sent_days_ago(db_conn, 9, 3)  # and every partition made: prune goes straight to the drop
+    with psycopg.connect(db_dsn) as producer, ThreadPoolExecutor(1) as retention:
+        # The retried request has read its receipt (as `enqueue` does first) and goes on to
+        # the outbox while prune asks for the tables.
+        producer.execute(
+            "SELECT outbox_id FROM leasebox.receipts WHERE scope = 'login'"
+            " AND idempotency_key = 'retried'"
+        )
+        pruned = retention.submit(prune_week, db_dsn)
+        wait_for(lambda: waiting_on_a_lock(db_conn, "prune"), what="prune to wait")
+        # Prune asks for the tables in the request's order (receipts first): it holds none
+        # that the request needs, so the request never waits for it at all.
+        producer.execute("SET LOCAL lock_timeout = '10ms'")
+        again = enqueue(producer, otp(secrets={}), idempotency_key="retried", scope="login")
+        producer.commit()
+        result = pruned.result(timeout=60)
+    assert (again.outbox_id, again.reused) == (first.outbox_id, True)
+    assert (result.sent, result.problem) == (3, None)
+
+
+def test_producers_retrying_requests_and_prunes_run_against_each_other_without_a_deadlock(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    keys = [f"request-{n}" for n in range(6)]
+    for key in keys:
+        enqueue(db_conn, otp(secrets={}), idempotency_key=key, scope="login")
+    db_conn.commit()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    requests: list[str] = []
+
+    def retry_requests(n: int) -> None:
+        try:
+            with psycopg.connect(db_dsn) as conn:
+                while not stop.is_set():
+                    key = keys[len(requests) % len(keys)]
+                    conn.execute("INSERT INTO leasebox_app_log DEFAULT VALUES")
+                    enqueue(conn, otp(secrets={}), idempotency_key=key, scope="login")
+                    enqueue(conn, otp(f"n{n}@example.com", secrets={}))
+                    conn.commit()
+                    requests.append(key)
+        except BaseException as exc:  # asserted below
+            errors.append(exc)
+
+    db_conn.execute("CREATE TABLE leasebox_app_log (id serial PRIMARY KEY)")
+    db_conn.commit()
+    producers = [threading.Thread(target=retry_requests, args=(n,)) for n in range(3)]
+    for thread in producers:
+        thread.start()
+    try:
+        for round_ in range(4):
+            sent_days_ago(db_conn, 9 + round_, 2)
+            wait_for(more_written(requests, len(requests) + 5), what="requests")
+            assert prune_week(db_dsn).sent == 2
+    finally:
+        stop.set()
+        for thread in producers:
+            thread.join()
+    assert errors == []
