@@ -29,6 +29,7 @@ from leasebox.db.partitions import (
     ensure_partitions,
     list_partitions,
 )
+from leasebox.errors import DatabaseError
 from leasebox.store.pruning import PruneResult, prune
 from support.outbox_rows import insert_message, otp
 from support.waiting import wait_for, waiting_on_a_lock
@@ -287,3 +288,101 @@ def test_producers_retrying_requests_and_prunes_run_against_each_other_without_a
         for thread in producers:
             thread.join()
     assert errors == []
+
+
+def dead_letters_days_ago(conn: psycopg.Connection[Any], days: int, count: int) -> list[int]:
+    """`count` dead letters created `days` days ago, each with its history."""
+    at = datetime.now(UTC) - timedelta(days=days)
+    ids = [
+        insert_message(
+            conn,
+            created_at=at,
+            status="dead",
+            dead_reason="rejected",
+            kind="otp",
+            recipient="ada@example.com",
+            template="otp",
+            delivery_key=f"otp:dead-{days}-{n}",
+        )
+        for n in range(count)
+    ]
+    conn.execute(
+        "INSERT INTO leasebox.history (outbox_id, bucket, kind, event, at)"
+        " SELECT id, bucket, kind, 'dead', created_at FROM leasebox.outbox WHERE id = ANY(%s)",
+        (ids,),
+    )
+    conn.commit()
+    return ids
+
+
+def versions(conn: psycopg.Connection[Any], ids: list[int]) -> dict[str, set[tuple[str, str]]]:
+    """Where each row of these messages is and which version it is (its partition, xmin)."""
+    found = {}
+    for table, column in (("outbox", "id"), ("queue", "id"), ("history", "outbox_id")):
+        statement = sql.SQL(
+            "SELECT tableoid::regclass::text, xmin::text FROM {} WHERE {} = ANY(%s)"
+        ).format(sql.Identifier("leasebox", table), sql.Identifier(column))
+        found[table] = {(str(r[0]), str(r[1])) for r in conn.execute(statement, (ids,))}
+    conn.rollback()
+    return found
+
+
+def test_prune_moves_the_rows_it_keeps_without_stopping_writers_and_never_moves_them_again(
+    db_dsn: str, db_conn: psycopg.Connection[Any]
+) -> None:
+    dead = dead_letters_days_ago(db_conn, 9, 50)
+    sent_days_ago(db_conn, 9, 3)
+    with psycopg.connect(db_dsn) as producer:
+        # A request in flight holds the tables for longer than prune waits for them.
+        enqueue(producer, otp(secrets={}), idempotency_key="in-flight")
+        with pytest.raises(DatabaseError, match="nothing was dropped"):
+            prune_week(db_dsn)
+        # The dead letters were moved out of their day all the same, by transactions of their
+        # own that took no lock a writer waits for.
+        moved = versions(db_conn, dead)
+        producer.commit()
+    assert {partition for partition, _ in moved["outbox"]} == {"leasebox.outbox_kept"}
+    assert {partition for partition, _ in moved["history"]} == {"leasebox.history_kept"}
+
+    first = prune_week(db_dsn)
+    everything = prune(db_conn, retention_seconds=0, allow_short_retention=True)
+
+    assert (first.sent, first.kept) == (3, 0)
+    assert everything.kept == 0
+    assert versions(db_conn, dead) == moved  # kept once, never moved again
+    row = db_conn.execute(
+        "SELECT count(*), min(status), max(dead_reason) FROM leasebox.messages WHERE id = ANY(%s)",
+        (dead,),
+    ).fetchone()
+    assert row == (50, "dead", "rejected")
+
+
+def test_a_kept_message_leaves_once_nothing_wanted_it_for_a_retention(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    sent_long_ago, sent_lately, still_dead = dead_letters_days_ago(db_conn, 20, 3)
+    prune(db_conn, retention_seconds=WEEK)
+    # Two of them were requeued and sent: one ten days ago, one yesterday.
+    for outbox_id, days in ((sent_long_ago, 10), (sent_lately, 1)):
+        db_conn.execute("DELETE FROM leasebox.queue WHERE id = %s", (outbox_id,))
+        db_conn.execute(
+            "INSERT INTO leasebox.history (outbox_id, bucket, kind, event, at)"
+            " SELECT id, bucket, kind, 'sent', now() - make_interval(days => %s)"
+            " FROM leasebox.outbox WHERE id = %s",
+            (days, outbox_id),
+        )
+    # The abuse guard's subjects: one no send touched for ten days, one touched now.
+    db_conn.execute(
+        "INSERT INTO leasebox.guard_subjects VALUES (1, now() - interval '10 days'), (2, now())"
+    )
+    db_conn.commit()
+
+    result = prune(db_conn, retention_seconds=WEEK)
+
+    assert result.sent == 1
+    left = db_conn.execute("SELECT id FROM leasebox.outbox ORDER BY id").fetchall()
+    assert left == [(sent_lately,), (still_dead,)]
+    gone = versions(db_conn, [sent_long_ago])
+    assert gone == {"outbox": set(), "queue": set(), "history": set()}
+    subjects = db_conn.execute("SELECT subject FROM leasebox.guard_subjects").fetchall()
+    assert subjects == [(2,)]

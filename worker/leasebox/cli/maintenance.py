@@ -66,8 +66,9 @@ def register(subparsers: Any) -> None:
         description="Drop each day of sent messages, their history and expired receipts once "
         "the whole day is older than the retention (a day partition at a time, in one short "
         "transaction). Messages of those days not sent yet, dead letters, and messages a "
-        "live receipt names are moved to today first. Also creates the partitions of the "
-        "coming days, and of past days whose rows wait in a default partition.",
+        "live receipt names are moved first (once) to the kept partition, which is never "
+        "dropped. Also creates the partitions of the coming days, and of past days whose "
+        "rows wait in a default partition.",
     )
     add_database_options(prune)
     prune.add_argument("--retention", default="7d", help="keep this much history (default: 7d)")

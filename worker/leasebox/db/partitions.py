@@ -56,6 +56,9 @@ LOCK_WAIT_SECONDS = 2.0
 LOCK_TRY_SECONDS = 0.2
 # Tables whose rows may belong to a day far ahead (a receipt expiring in a month).
 _FOLLOWED = frozenset({"receipts"})
+# The bucket of the messages retention keeps, after every real day: the `<table>_kept`
+# partitions of the outbox and the history, which retention never drops.
+KEPT_DAY = date(9999, 12, 31)
 _BOUNDS = re.compile(r"^FOR VALUES FROM \((.+)\) TO \((.+)\)$")
 _DAY = re.compile(r"^'(\d{4}-\d{2}-\d{2})'$")
 # Per-table storage of a new partition: rows are written once (receipts count reuses in

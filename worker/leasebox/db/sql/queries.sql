@@ -756,29 +756,83 @@ WHERE bucket >= (now() AT TIME ZONE 'UTC')::date
   AND outbox_bucket < %(before)s AND expires_at > now();
 
 -- name: keep_messages
--- Move messages (their outbox row, queue row and history) to the day `day`, and point their
--- receipts there: retention is about to drop the days before `before` they were in.
+-- Move still wanted messages of the days before `before` to the kept partition, once.
+-- Their outbox, queue and history rows get the bucket `day` (9999-12-31, the kept partition,
+-- which retention never drops) and their receipts point there: retention is about to drop
+-- the days they were in. It runs beside the producers and workers, taking row locks only: a
+-- message whose queue row another transaction holds right now (a worker settling it) is left
+-- for a later try. The answer is how many messages moved and how many were left.
 WITH ids AS (
     SELECT unnest(%(ids)s::bigint[]) AS id
 ),
+held AS MATERIALIZED (
+    SELECT q.id FROM {schema}.queue AS q
+    WHERE q.id = ANY(%(ids)s::bigint[]) AND q.bucket < %(before)s
+    ORDER BY q.id
+    FOR UPDATE SKIP LOCKED
+),
+movable AS MATERIALIZED (
+    SELECT ids.id FROM ids
+    WHERE ids.id IN (SELECT id FROM held)
+       OR NOT EXISTS (SELECT FROM {schema}.queue AS q
+                      WHERE q.id = ids.id AND q.bucket < %(before)s)
+),
 queued AS (
     UPDATE {schema}.queue AS q SET bucket = %(day)s
-    FROM ids WHERE q.id = ids.id AND q.bucket < %(before)s
+    FROM held WHERE q.id = held.id
 ),
 messages AS (
     UPDATE {schema}.outbox AS o SET bucket = %(day)s
-    FROM ids WHERE o.id = ids.id AND o.bucket < %(before)s
+    FROM movable WHERE o.id = movable.id AND o.bucket < %(before)s
     RETURNING o.id
 ),
 history AS (
     UPDATE {schema}.history AS h SET bucket = %(day)s
-    FROM ids WHERE h.outbox_id = ids.id AND h.bucket < %(before)s
+    FROM movable WHERE h.outbox_id = movable.id AND h.bucket < %(before)s
 ),
 receipts AS (
     UPDATE {schema}.receipts AS r SET outbox_bucket = %(day)s
-    FROM ids WHERE r.outbox_id = ids.id AND r.outbox_bucket < %(before)s
+    FROM movable WHERE r.outbox_id = movable.id AND r.outbox_bucket < %(before)s
 )
-SELECT count(*) FROM messages;
+SELECT (SELECT count(*) FROM messages) AS moved,
+       (SELECT count(*) FROM ids) - (SELECT count(*) FROM movable) AS left_behind;
+
+-- name: forget_kept_messages
+-- Delete a batch of kept messages that nothing wants any more, with their history.
+-- A message of the kept partition (`kept`) goes once it is out of the queue (sent, or purged),
+-- no live receipt names it, and nothing happened to it since `since` (now minus the
+-- retention): as a message of a day would have gone with its day.
+WITH doomed AS (
+    SELECT o.id FROM {schema}.outbox AS o
+    WHERE o.bucket = %(kept)s AND o.created_at < %(since)s
+      AND NOT EXISTS (SELECT FROM {schema}.queue AS q WHERE q.id = o.id)
+      AND NOT EXISTS (SELECT FROM {schema}.receipts AS r
+                      WHERE r.outbox_id = o.id AND r.expires_at > now()
+                        AND r.bucket >= (now() AT TIME ZONE 'UTC')::date)
+      AND NOT EXISTS (SELECT FROM {schema}.history AS h
+                      WHERE h.outbox_id = o.id AND h.bucket = o.bucket AND h.at >= %(since)s)
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+),
+forgotten AS (
+    DELETE FROM {schema}.history AS h USING doomed
+    WHERE h.outbox_id = doomed.id AND h.bucket = %(kept)s
+),
+gone AS (
+    DELETE FROM {schema}.outbox AS o USING doomed
+    WHERE o.id = doomed.id AND o.bucket = %(kept)s
+    RETURNING o.id
+)
+SELECT count(*) FROM gone;
+
+-- name: forget_guard_subjects
+-- Delete a batch of the abuse guard's subjects that no send touched since `since`.
+-- A subject's row matters only while transactions that counted it are open. The age is
+-- checked again on the row itself, so a row a send touches meanwhile stays.
+DELETE FROM {schema}.guard_subjects AS g
+WHERE g.subject IN (SELECT subject FROM {schema}.guard_subjects
+                    WHERE touched_at < %(since)s LIMIT %(limit)s)
+  AND g.touched_at < %(since)s;
 
 -- name: listen
 -- Subscribe to the queue's insert notifications.

@@ -56,6 +56,12 @@ CREATE INDEX outbox_scope_created_idx ON {schema}.outbox (scope, created_at);
 
 CREATE TABLE {schema}.outbox_default PARTITION OF {schema}.outbox DEFAULT;
 
+-- What retention keeps of the days it drops (messages not sent yet, dead letters, messages a
+-- live receipt names) moves here once, with the bucket 9999-12-31, after every real day:
+-- retention never drops this partition, and removes a row from it once nothing wants it.
+CREATE TABLE {schema}.outbox_kept PARTITION OF {schema}.outbox
+    FOR VALUES FROM ('9999-12-31') TO (MAXVALUE);
+
 -- The messages not sent yet, and the dead letters: what workers claim and settle. A row is
 -- deleted when its message is sent. It copies from `outbox` what claiming, routing and logs
 -- need (kind, aggregate id, delivery key), so a provider that reads no content claims from
@@ -186,6 +192,10 @@ CREATE INDEX history_outbox_idx ON {schema}.history (outbox_id);
 CREATE INDEX history_sent_idx ON {schema}.history (kind, at) WHERE event = 'sent';
 
 CREATE TABLE {schema}.history_default PARTITION OF {schema}.history DEFAULT;
+
+-- The history of the messages retention keeps (see `outbox_kept`).
+CREATE TABLE {schema}.history_kept PARTITION OF {schema}.history
+    FOR VALUES FROM ('9999-12-31') TO (MAXVALUE);
 
 -- One row per logical send with where it is: the queue's state while it is there, `sent`
 -- (with when, by whom, and the provider's id, from its `sent` history) once it is gone.
