@@ -33,7 +33,9 @@ def register(subparsers: Any) -> None:
         add_database_options(parser)
         parser.add_argument("--kind", type=kinds_list, help="comma-separated kinds")
         parser.add_argument(
-            "--reason", help="dead reason: rejected, invalid_message, attempts_exhausted, expired"
+            "--reason",
+            help="dead reason: rejected, invalid_message, attempts_exhausted, expired, "
+            "possibly_delivered",
         )
         parser.add_argument(
             "--older-than", metavar="DURATION", help="dead for longer than this, e.g. 1h or 7d"

@@ -54,6 +54,9 @@ class Failure:
 MISSING_MESSAGE_CODE = "missing_message"
 _INVALID_MESSAGE_CODES = frozenset({"template", MISSING_MESSAGE_CODE})
 EXPIRED_CODE = "expired"
+# The provider may have taken the message (`AmbiguousProviderError`, a send cut short).
+AMBIGUOUS_CODE = "ambiguous"
+TIMEOUT_CODE = "timeout"
 # A code becomes a metric label and a column: short, lower-case, from a small alphabet.
 MAX_CODE_LENGTH = 40
 _CODE_CHARACTERS = re.compile(r"[^a-z0-9_]+")
@@ -94,7 +97,7 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, PayloadKeyError):
         return Failure(TRANSIENT, "payload_keys", one_line(str(exc)))
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        return Failure(TRANSIENT, "timeout", "the send timed out", outcome=Outcome.TIMEOUT.value)
+        return Failure(TRANSIENT, TIMEOUT_CODE, "the send timed out", outcome=Outcome.TIMEOUT.value)
     if isinstance(exc, ConnectionError | OSError):
         detail = f"connection failed ({type(exc).__name__})"
         return Failure(TRANSIENT, "connection", detail, outcome=Outcome.CONNECTION.value)

@@ -45,14 +45,16 @@ from leasebox.delivery.providers.base import (
 )
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
+    AMBIGUOUS_CODE,
     EXPIRED_CODE,
     MISSING_MESSAGE_CODE,
+    TIMEOUT_CODE,
     Failure,
     classify,
     retry_delay,
     should_retry,
 )
-from leasebox.errors import PERMANENT
+from leasebox.errors import PERMANENT, AmbiguousProviderError
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
@@ -84,6 +86,13 @@ RESCAN_SECONDS = 1.0
 _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 _MISSING_MESSAGE = Failure(
     PERMANENT, MISSING_MESSAGE_CODE, "its message is missing from the outbox: nothing to send"
+)
+# A send cancelled by a stop after the provider's last check before writing the message.
+_CUT_SHORT = classify(
+    AmbiguousProviderError(
+        "the send was cut short by a stop after the message was handed to the provider: it "
+        "may have been accepted"
+    )
 )
 
 
@@ -477,8 +486,16 @@ class Worker:
         try:
             outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
-            metrics.record_send(message.kind, self._provider_name, None, time.monotonic() - started)
-            self._outcome(held, Release(held.lease))
+            # Cut short by a stop. Before the provider's last check nothing went out: the
+            # attempt is given back. From then on the message may have reached the provider,
+            # as when a connection is lost before the answer: the attempt counts.
+            elapsed = time.monotonic() - started
+            if held.handed_over:
+                metrics.record_send(message.kind, self._provider_name, _CUT_SHORT.outcome, elapsed)
+                self._failed(held, _CUT_SHORT)
+            else:
+                metrics.record_send(message.kind, self._provider_name, None, elapsed)
+                self._outcome(held, Release(held.lease))
             raise
         finally:
             metrics.sending -= 1
@@ -500,6 +517,13 @@ class Worker:
         expires_at = held.message.expires_at
         return expires_at is not None and expires_at <= self._db_now(held)
 
+    def _provider_check(self, held: Held) -> bool:
+        """`_expired` as the provider asks it, right before it writes the message: once it
+        passes, the message may be on its way (`Held.handed_over`)."""
+        expired = self._expired(held)
+        held.handed_over = not expired
+        return expired
+
     def _prepare(self, held: Held) -> Email:
         message = held.message
         if self._reads_content:
@@ -517,7 +541,7 @@ class Worker:
             rendered.text,
             rendered.html,
             message.attempts,
-            lambda: self._expired(held),
+            lambda: self._provider_check(held),
         )
 
     def _db_now(self, held: Held) -> datetime:
@@ -542,6 +566,10 @@ class Worker:
                 rng=self._rng,
             )
             action = Retry(held.lease, delay, failure.detail, failure.code)
+        elif failure.code == AMBIGUOUS_CODE or (failure.code == TIMEOUT_CODE and held.handed_over):
+            # The last attempt may have reached the provider: the reason says so.
+            detail = f"ambiguous, possibly delivered: {failure.detail}"
+            action = Dead(held.lease, DeadReason.POSSIBLY_DELIVERED, detail, failure.code)
         elif failure.transient:
             action = Dead(held.lease, DeadReason.ATTEMPTS_EXHAUSTED, failure.detail, failure.code)
         else:
