@@ -7,6 +7,7 @@ figures a caller needs and never a secret, a password or a message body.
     LeaseboxError
     ├── ConfigurationError        a setting is missing or malformed
     │   └── PayloadKeyError       secrets cannot be sealed or opened with the configured keys
+    │       └── MissingPayloadKeys  secrets are encrypted and no key is configured at all
     ├── DatabaseError             PostgreSQL cannot be used
     │   ├── DatabaseUnavailable   unreachable, or refused the connection
     │   └── NotMigrated           the schema is missing or older than this version
@@ -53,6 +54,10 @@ class ConfigurationError(LeaseboxError):
 
 class PayloadKeyError(ConfigurationError):
     """Secrets cannot be encrypted or decrypted with the configured keys."""
+
+
+class MissingPayloadKeys(PayloadKeyError):
+    """Secrets are encrypted and no key is configured: the process's fault, not the message's."""
 
 
 class DatabaseError(LeaseboxError):

@@ -54,8 +54,8 @@ from leasebox.delivery.retrying import (
     retry_delay,
     should_retry,
 )
-from leasebox.errors import PERMANENT, AmbiguousProviderError
-from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
+from leasebox.errors import PERMANENT, AmbiguousProviderError, MissingPayloadKeys
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
 from leasebox.runtime.dispatching import ReadyRows
@@ -72,6 +72,8 @@ from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
+# The `leasebox_not_ready` cause of a worker that met encrypted secrets without keys.
+KEYS = "payload_keys"
 _KIND = attrgetter("kind")
 # A claim that reads on from a cursor misses a row committed late by a transaction that began
 # before the rows the cursor passed, so now and then one reads from the start: after this many
@@ -167,6 +169,9 @@ class Worker:
             in_flight=lambda: self.metrics.sending,
         )
         self.database_problem: str | None = None
+        # Why the worker cannot do its job on its own account, by cause (`NOT_READY_CAUSES`):
+        # `/readyz` says so and `leasebox_not_ready` shows it.
+        self._blocked: dict[str, str] = {}
         self.failed = False
         # How often the claim and the lease check have run: the positive signal that the
         # worker looked (at the clock, at its leases), for tests and for debugging.
@@ -205,8 +210,25 @@ class Worker:
         """Rows claimed and not yet settled."""
         return len(self._held)
 
+    def block(self, cause: str, reason: str) -> None:
+        """Not ready for `cause` (one of `NOT_READY_CAUSES`) until `unblock(cause)`."""
+        self._blocked[cause] = reason
+        self.metrics.not_ready.labels(cause).set(1)
+
+    def unblock(self, cause: str) -> None:
+        self._blocked.pop(cause, None)
+        self.metrics.not_ready.labels(cause).set(0)
+
+    async def until_stopped(self, seconds: float) -> bool:
+        """Wait `seconds` or until a stop is requested; whether one was."""
+        await self._until(self._stop, seconds)
+        return self._stop.is_set()
+
     async def readiness_problem(self) -> str | None:
-        """None when the database answers and the provider is healthy, else why not."""
+        """None when the worker can work, the database answers and the provider is healthy,
+        else why not."""
+        if self._blocked:
+            return "; ".join(self._blocked.values())
         try:
             async with asyncio.timeout(3.0), self._pool.connection() as conn:
                 await conn.execute("SELECT 1")
@@ -321,6 +343,13 @@ class Worker:
         # for a handful of rows. Half a batch still leaves the senders a full queue.
         least = max(1, s.batch_size // 2)
         while not self._stop.is_set():
+            if KEYS in self._blocked:
+                # Every message with encrypted secrets would be given back: claim nothing.
+                if s.drain:
+                    self.failed = True
+                    return
+                await self._until(self._stop, None)
+                continue
             # Rows whose outcome is known wait only for its statement: they hold no send slot,
             # so the next batch is claimed while the last one is settled, up to a batch more.
             held = len(self._held)
@@ -477,6 +506,9 @@ class Worker:
             return
         try:
             email = self._prepare(held)
+        except MissingPayloadKeys:
+            self._keys_missing(held)
+            return
         except Exception as exc:
             self._failed(held, classify(exc))
             return
@@ -510,6 +542,23 @@ class Worker:
         made = None if outcome.code == EXPIRED_CODE else outcome.outcome
         metrics.record_send(message.kind, self._provider_name, made, elapsed)
         self._failed(held, outcome)
+
+    def _keys_missing(self, held: Held) -> None:
+        """A message with encrypted secrets and no keys to open them: the worker's fault, not
+        the message's. It is given back with its attempt, and the worker claims no more."""
+        if KEYS not in self._blocked:
+            log.error(
+                "messages have encrypted secrets and %s is not set: giving them back and "
+                "claiming nothing until the worker is restarted with the keys",
+                KEYS_VARIABLE,
+                extra=message_fields(held.message),
+            )
+            self.block(
+                KEYS,
+                f"payload keys: messages have encrypted secrets and {KEYS_VARIABLE} is not "
+                "set; claiming nothing until the worker is restarted with the keys",
+            )
+        self._outcome(held, Release(held.lease))
 
     def _expired(self, held: Held) -> bool:
         """Whether the row's `expires_at` has passed, on the database's clock: checked before
