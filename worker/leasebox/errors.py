@@ -14,9 +14,11 @@ figures a caller needs and never a secret, a password or a message body.
     ├── RequestRefused            the producer API refused a request; nothing was written
     │   ├── IdempotencyConflict   the key was used for a different request (HTTP 422)
     │   │   └── BatchConflict     some messages of an `enqueue_many` batch did so
-    │   └── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    │   ├── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    │   └── InvalidRequest        a key, scope or request hash cannot be used (a ValueError)
     └── DeliveryError             a message could not be prepared or sent
         ├── TemplateError         a template is missing, malformed or lacks a variable
+        ├── UnreadableData        a stored message's data cannot be decoded (nested too deep)
         ├── ProviderUnavailable   the provider cannot start (unreachable, bad credentials)
         └── ProviderError         one send failed; `error_class` says whether to retry
             ├── TransientProviderError
@@ -172,8 +174,22 @@ class RateLimited(RequestRefused):
         self.retry_after = retry_after
 
 
+class InvalidRequest(RequestRefused, ValueError):
+    """An idempotency key, scope or request hash that cannot be used: too long, empty, or
+    holding a character that is not printable (NUL, a lone surrogate, a line break). Refused
+    before any statement, so the caller's transaction goes on (HTTP analogue: 400); the
+    message names the argument and never quotes it."""
+
+    exit_code = 2
+
+
 class DeliveryError(LeaseboxError):
     """A message could not be prepared or sent."""
+
+
+class UnreadableData(DeliveryError):
+    """A stored message's `data` cannot be decoded (nested deeper than a worker can read): the
+    message is invalid, and every attempt would fail the same way."""
 
 
 class TemplateError(DeliveryError):

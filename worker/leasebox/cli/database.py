@@ -89,6 +89,8 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
             fields = json.loads(sys.stdin.read())
         except json.JSONDecodeError as exc:
             raise ConfigurationError(f"stdin is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ConfigurationError("stdin holds JSON nested too deeply") from None
         if not isinstance(fields, dict):
             raise ConfigurationError("stdin must hold a JSON object")
         return fields
@@ -96,6 +98,8 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
         data = json.loads(args.data)
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"--data is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError("--data is nested too deeply") from None
     secrets = {}
     for item in args.secret:
         name, sep, value = item.partition("=")

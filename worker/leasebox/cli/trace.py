@@ -80,8 +80,15 @@ def register(subparsers: Any) -> None:
 
 def _text(what: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
+        from leasebox.errors import InvalidRequest
+        from leasebox.messages import check_request_key
+
         if not value.strip():
             raise argparse.ArgumentTypeError(f"the {what} must not be empty")
+        try:
+            check_request_key(what.replace(" ", "_"), value)
+        except InvalidRequest as exc:  # what the database could not look up
+            raise argparse.ArgumentTypeError(str(exc)) from None
         return value
 
     return parse

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from leasebox.delivery.providers.base import Outcome, one_line, request_outcome
-from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError
+from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError, UnreadableData
 from leasebox.states import DeadReason
 
 
@@ -52,7 +52,7 @@ class Failure:
 
 # A message whose outbox row is gone (removed by hand) has nothing to send, ever.
 MISSING_MESSAGE_CODE = "missing_message"
-_INVALID_MESSAGE_CODES = frozenset({"template", MISSING_MESSAGE_CODE})
+_INVALID_MESSAGE_CODES = frozenset({"template", "invalid_data", MISSING_MESSAGE_CODE})
 EXPIRED_CODE = "expired"
 # The provider may have taken the message (`AmbiguousProviderError`, a send cut short).
 AMBIGUOUS_CODE = "ambiguous"
@@ -71,6 +71,7 @@ def classify(exc: BaseException) -> Failure:
     |----------------------------------------|-----------|--------------------------|
     | `ProviderError`                        | its own   | its own (`smtp_550`, ..) |
     | template error (missing, undefined)    | permanent | `template`               |
+    | `UnreadableData` (data nested too deep) | permanent | `invalid_data`          |
     | `PayloadKeyError` (secrets unreadable) | transient | `payload_keys`           |
     | `TimeoutError`                         | transient | `timeout`                |
     | `ConnectionError`, other `OSError`     | transient | `connection`             |
@@ -92,6 +93,8 @@ def classify(exc: BaseException) -> Failure:
         error_class = PERMANENT if exc.error_class == PERMANENT else TRANSIENT
         retry_after = _seconds(getattr(exc, "retry_after", None))
         return Failure(error_class, code, detail, retry_after, request_outcome(exc).value)
+    if isinstance(exc, UnreadableData):
+        return Failure(PERMANENT, "invalid_data", one_line(str(exc)))
     if _is_template_error(exc):
         return Failure(PERMANENT, "template", one_line(str(exc)) or "template error")
     if isinstance(exc, PayloadKeyError):
