@@ -365,6 +365,7 @@ def test_the_defaults_match_the_documented_ones() -> None:
     assert (s.concurrency, s.batch_size, s.lease_seconds, s.poll_interval) == (32, 32, 45, 1)
     assert (s.grace_seconds, s.max_attempts, s.backoff_base, s.backoff_max) == (30, 8, 2, 300)
     assert (s.listen, s.drain, s.schema, config.metrics_port) == (True, False, "leasebox", 9108)
+    assert config.metrics_host == "0.0.0.0"
 
 
 @pytest.mark.usefixtures("clean_env")
