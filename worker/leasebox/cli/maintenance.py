@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from leasebox.cli.common import add_database_options, kinds_list, positive_int
+from leasebox.cli.common import add_database_options, database, kinds_list, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -117,24 +117,27 @@ def _selection(args: argparse.Namespace) -> Any:
     )
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
+def _connect(args: argparse.Namespace) -> tuple[Any, str]:
+    """A connection to the command's database, and its schema (migrated)."""
+    from leasebox.db.connections import check_migrated, connect
 
-    conn = connect(resolve_dsn(args.dsn))
+    db = database(args)
+    conn = connect(db.dsn)
     try:
-        check_migrated(conn, args.schema)
+        check_migrated(conn, db.schema)
     except BaseException:
         conn.close()
         raise
-    return conn
+    return conn, db.schema
 
 
 def run_list(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import list_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
-        letters = list_dead_letters(conn, selection, schema=args.schema)
+    conn, schema = _connect(args)
+    with conn:
+        letters = list_dead_letters(conn, selection, schema=schema)
     if args.json:
         print(json.dumps([letter.as_dict() for letter in letters], indent=2))
         return 0
@@ -164,10 +167,9 @@ def run_requeue(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import requeue_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
-        ids = requeue_dead_letters(
-            conn, selection, clear_expiry=args.clear_expiry, schema=args.schema
-        )
+    conn, schema = _connect(args)
+    with conn:
+        ids = requeue_dead_letters(conn, selection, clear_expiry=args.clear_expiry, schema=schema)
     if args.json:
         print(json.dumps({"requeued": ids}))
     else:
@@ -180,13 +182,14 @@ def run_purge(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import count_dead_letters, purge_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
+    conn, schema = _connect(args)
+    with conn:
         if not args.yes:
-            count = count_dead_letters(conn, selection, schema=args.schema)
+            count = count_dead_letters(conn, selection, schema=schema)
             raise ConfigurationError(
                 f"purge would delete {count} dead letters for good; pass --yes to confirm"
             )
-        deleted = purge_dead_letters(conn, selection, schema=args.schema)
+        deleted = purge_dead_letters(conn, selection, schema=schema)
     print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} dead letters")
     return 0
 
@@ -203,11 +206,12 @@ def run_prune(args: argparse.Namespace) -> int:
             "leasebox prune: --batch-size is no longer used: retention drops whole days",
             file=sys.stderr,
         )
-    with _connect(args) as conn:
+    conn, schema = _connect(args)
+    with conn:
         result = prune(
             conn,
             retention_seconds=retention,
-            schema=args.schema,
+            schema=schema,
             receipt_ttl_seconds=receipt_ttl,
             allow_short_retention=args.allow_short_retention,
         )
