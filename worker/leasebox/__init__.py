@@ -5,6 +5,7 @@ with leases; the operator (`leasebox operator`) scales workers to an SLA.
 """
 
 from leasebox.errors import (
+    AlreadyExpired,
     BatchConflict,
     ConfigurationError,
     DatabaseUnavailable,
@@ -23,6 +24,7 @@ from leasebox.version import __version__
 
 __all__ = [
     "AbuseGuard",
+    "AlreadyExpired",
     "BatchConflict",
     "ConfigurationError",
     "DatabaseUnavailable",

@@ -15,6 +15,7 @@ figures a caller needs and never a secret, a password or a message body.
     │   ├── IdempotencyConflict   the key was used for a different request (HTTP 422)
     │   │   └── BatchConflict     some messages of an `enqueue_many` batch did so
     │   ├── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    │   ├── AlreadyExpired        past its expires_at on the database's clock (a ValueError)
     │   └── InvalidRequest        a key, scope or request hash cannot be used (a ValueError)
     └── DeliveryError             a message could not be prepared or sent
         ├── TemplateError         a template is missing, malformed or lacks a variable
@@ -181,6 +182,27 @@ class InvalidRequest(RequestRefused, ValueError):
     message names the argument and never quotes it."""
 
     exit_code = 2
+
+
+class AlreadyExpired(RequestRefused, ValueError):
+    """A new message is already past its `expires_at` on the database's clock, which every
+    worker checks expiry on: it would never be sent. Usually the producer's clock runs behind
+    the database's by more than the TTL. Nothing was written (HTTP analogue: 400)."""
+
+    exit_code = 2
+
+    def __init__(self, positions: Sequence[int] | None = None) -> None:
+        which = (
+            f"message(s) #{', #'.join(map(str, positions))} of the batch are"
+            if positions is not None
+            else "the message is"
+        )
+        super().__init__(
+            f"{which} already past expires_at on the database's clock, so nothing was written; "
+            "this producer's clock may run behind the database's (check NTP), or the TTL is "
+            "shorter than the skew"
+        )
+        self.positions = tuple(positions or ())
 
 
 class DeliveryError(LeaseboxError):

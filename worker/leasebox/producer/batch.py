@@ -30,7 +30,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
-from leasebox.errors import BatchConflict, ConfigurationError, ConflictingRequest, DatabaseError
+from leasebox.errors import (
+    AlreadyExpired,
+    BatchConflict,
+    ConfigurationError,
+    ConflictingRequest,
+    DatabaseError,
+)
 from leasebox.messages import (
     DEFAULT_RECEIPT_TTL_SECONDS,
     OutboxMessage,
@@ -190,6 +196,15 @@ def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
     """
     written: dict[int, tuple[str, int, str]] = {}
     conflicts: list[ConflictingRequest] = []
+    expired = sorted(
+        index
+        for ord_, source, _, _ in rows
+        if source == "expired"
+        for index, (slot, _) in enumerate(batch.slots)
+        if slot == int(ord_) - 1
+    )
+    if expired:
+        raise AlreadyExpired(expired)
     for ord_, source, outbox_id, delivery_key in rows:
         slot = int(ord_) - 1
         if source in ("conflict", "receipt_conflict"):

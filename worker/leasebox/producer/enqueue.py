@@ -21,7 +21,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from leasebox.db.queries import DEFAULT_SCHEMA
-from leasebox.errors import DatabaseError, IdempotencyConflict
+from leasebox.errors import AlreadyExpired, DatabaseError, IdempotencyConflict
 from leasebox.messages import (
     DEFAULT_RECEIPT_TTL_SECONDS,
     OutboxMessage,
@@ -138,6 +138,8 @@ def _plan(
         return _reused(row, fingerprint, scope_name, idempotency_key)
     if row["source"] == "conflict":
         raise _delivery_key_conflict(row, scope_name, idempotency_key)
+    if row["source"] == "expired":
+        raise AlreadyExpired()
     return Receipt(
         outbox_id=int(row["outbox_id"]),
         delivery_key=row["delivery_key"],

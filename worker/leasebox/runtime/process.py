@@ -85,7 +85,9 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
     provider = provider_from_url(config.provider_url, timeout=config.provider_timeout)
     renderer = TemplateRenderer(config.templates_dir)
     cipher = default_cipher()
-    await check_database(config.dsn, settings.schema)
+    newer = await check_database(config.dsn, settings.schema)
+    if newer:
+        log.warning(newer)
     if settings.drain:  # a batch job: nothing to wait for
         await start_provider(provider)
     pool = AsyncConnectionPool(
@@ -118,6 +120,8 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
             cipher=cipher,
             metrics=metrics,
         )
+        if newer:
+            worker.notes.append(newer)
         if config.metrics_port:
             health = HealthServer(
                 build_app(worker.metrics, worker.readiness_problem, details=worker.status_lines),
@@ -158,8 +162,9 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
-async def check_database(dsn: str, schema: str) -> None:
-    """Connect once and check the schema: `DatabaseUnavailable` or `NotMigrated` if not."""
+async def check_database(dsn: str, schema: str) -> str | None:
+    """Connect once and check the schema: `DatabaseUnavailable` or `NotMigrated` if not; what
+    to say about a schema newer than this worker (None when it is the same)."""
     try:
         conn = await psycopg.AsyncConnection.connect(
             dsn,
@@ -186,6 +191,14 @@ async def check_database(dsn: str, schema: str) -> None:
     applied, needed = int(found[0] if found else 0), expected_schema_version()
     if applied < needed:  # claiming on an older schema could miss columns this image writes
         raise NotMigrated(schema, f"it is at version {applied}, this image needs {needed}")
+    if applied > needed:
+        # A newer release migrated it (a rollout under way, or this worker left behind): it
+        # runs on, since migrations add what older workers ignore, and says so.
+        return (
+            f"schema {schema!r} is at version {applied}, newer than this worker's {needed}: "
+            "a newer release migrated it; upgrade this worker to that release"
+        )
+    return None
 
 
 async def start_provider(provider: Provider) -> None:

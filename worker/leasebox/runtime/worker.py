@@ -172,6 +172,7 @@ class Worker:
         # Why the worker cannot do its job on its own account, by cause (`NOT_READY_CAUSES`):
         # `/readyz` says so and `leasebox_not_ready` shows it.
         self._blocked: dict[str, str] = {}
+        self.notes: list[str] = []
         self.failed = False
         # How often the claim and the lease check have run: the positive signal that the
         # worker looked (at the clock, at its leases), for tests and for debugging.
@@ -197,8 +198,9 @@ class Worker:
         return self._cipher.mode
 
     def status_lines(self) -> list[str]:
-        """What `/readyz` says under its verdict: how this worker runs."""
-        return [f"secrets: {self.secrets_mode}"]
+        """What `/readyz` says under its verdict: how this worker runs, and `notes` (a schema
+        newer than this worker, say)."""
+        return [f"secrets: {self.secrets_mode}", *self.notes]
 
     @property
     def completions(self) -> CompletionBatcher:

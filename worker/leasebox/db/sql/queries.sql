@@ -109,7 +109,8 @@ WHERE {schema}.receipts.expires_at <= now()
 -- explicit delivery key, unless the caller took them already), then does what `source`
 -- says: `receipt` (a live receipt of the key; the caller compares its request hash),
 -- `existing` (the message under the explicit delivery key, the same message), `conflict`
--- (another message under it), or `inserted`. No row: a row with that delivery key was
+-- (another message under it), `expired` (a new message already past its expiry on the
+-- database's clock: nothing written), or `inserted`. No row: a row with that delivery key was
 -- written concurrently without the lock. Arguments are cast, so that any driver's
 -- parameter types find the function.
 SELECT source, outbox_id, delivery_key, request_hash
@@ -206,10 +207,15 @@ looked AS MATERIALIZED (
         LIMIT 1
     ) AS e ON true
 ),
+-- A new message already past its expiry on the database's clock is refused like a conflict.
 conflicts AS (
     SELECT ord, found AS source, found_id AS id, sends_key AS delivery_key
     FROM looked
     WHERE found IN ('conflict', 'receipt_conflict')
+    UNION ALL
+    SELECT ord, 'expired', NULL, delivery_key
+    FROM looked
+    WHERE found IS NULL AND expires_at <= now()
 ),
 -- A message that found nothing is written, once per delivery key: the first message of the
 -- batch with the key writes it (its id is the smallest: only these messages took ids, in

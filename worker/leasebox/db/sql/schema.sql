@@ -229,8 +229,10 @@ LEFT JOIN LATERAL (
 -- so it sees what an earlier holder of a lock committed; a function rather than one big
 -- statement because a statement would open every day's partition for the lookups the common
 -- request (a new message under a key made up for it) never makes. The answer has one row:
--- `source` is `inserted`, `existing`, `receipt` or `conflict`, and no row at all means a
--- message with that delivery key was written concurrently without the lock.
+-- `source` is `inserted`, `existing`, `receipt`, `conflict` or `expired` (a new message
+-- already past its `expires_at` on the database's clock, which every worker shares: nothing
+-- is written), and no row at all means a message with that delivery key was written
+-- concurrently without the lock.
 CREATE FUNCTION {schema}.enqueue_message(
     p_kind text,
     p_aggregate_id text,
@@ -302,6 +304,10 @@ BEGIN
             END IF;
             v_source := 'existing';
         END IF;
+    END IF;
+    IF v_source = 'inserted' AND p_expires_at <= now() THEN
+        RETURN QUERY SELECT 'expired', NULL::bigint, p_delivery_key, NULL::text;
+        RETURN;
     END IF;
     IF v_source = 'inserted' THEN
         INSERT INTO {schema}.outbox
