@@ -195,7 +195,8 @@ def ensure_partitions(
         waiting = _days_in_default(conn, table, schema)
         last = first + timedelta(days=ahead)
         if table in _FOLLOWED:
-            farthest = max([*waiting, *_days_holding_rows(conn, table, schema)], default=first)
+            holding = _farthest_day_holding_rows(conn, table, schema)
+            farthest = max([*waiting, *([holding] if holding else [])], default=first)
             last = max(last, farthest + timedelta(days=ahead))
         wanted = {first + timedelta(days=n) for n in range((last - first).days + 1)}
         existing = list_partitions(conn, table, schema)
@@ -235,18 +236,21 @@ def _days_in_default(conn: psycopg.Connection[Any], table: str, schema: str) -> 
     return days
 
 
-def _days_holding_rows(conn: psycopg.Connection[Any], table: str, schema: str) -> list[date]:
-    """The farthest day partition of `table` that holds a row (none if all are empty): what
-    the producers' longest TTL reaches. Looked for from the farthest day back, a row each."""
+def _farthest_day_holding_rows(
+    conn: psycopg.Connection[Any], table: str, schema: str
+) -> date | None:
+    """The day of the farthest day partition of `table` that holds a row (None if all are
+    empty): what the producers' longest TTL reaches. Looked for from the farthest day back,
+    one row each."""
     days = [p for p in list_partitions(conn, table, schema) if _one_day(p)]
-    found: list[date] = []
+    found = None
     for partition in sorted(days, key=lambda p: p.start or date.min, reverse=True):
         statement = sql.SQL("SELECT EXISTS (SELECT FROM {})").format(
             sql.Identifier(schema, partition.name)
         )
         row = conn.execute(statement).fetchone()
-        if row and row[0] and partition.start is not None:
-            found.append(partition.start)
+        if row and row[0]:
+            found = partition.start
             break
     if not conn.autocommit:
         conn.commit()
