@@ -68,6 +68,7 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
         tables = {row[0] for row in described["columns"]}
         assert {"outbox", "queue", "receipts", "history", "messages"} <= tables
         assert {t.split("_")[0] for t in tables} == {
+            "guard",
             "outbox",
             "queue",
             "receipts",
@@ -172,7 +173,7 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
             ).fetchall()
         )
 
-    assert [m.version for m in migrate(empty_db_dsn)] == [4]
+    assert [m.version for m in migrate(empty_db_dsn)] == [4, 5]
 
     with psycopg.connect(empty_db_dsn) as conn:
         found = {

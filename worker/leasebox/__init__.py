@@ -5,10 +5,12 @@ with leases; the operator (`leasebox operator`) scales workers to an SLA.
 """
 
 from leasebox.errors import (
+    AlreadyExpired,
     BatchConflict,
     ConfigurationError,
     DatabaseUnavailable,
     IdempotencyConflict,
+    InvalidRequest,
     LeaseboxError,
     NotMigrated,
     PayloadKeyError,
@@ -22,10 +24,12 @@ from leasebox.version import __version__
 
 __all__ = [
     "AbuseGuard",
+    "AlreadyExpired",
     "BatchConflict",
     "ConfigurationError",
     "DatabaseUnavailable",
     "IdempotencyConflict",
+    "InvalidRequest",
     "LeaseboxError",
     "NotMigrated",
     "OutboxMessage",

@@ -7,15 +7,19 @@ figures a caller needs and never a secret, a password or a message body.
     LeaseboxError
     ├── ConfigurationError        a setting is missing or malformed
     │   └── PayloadKeyError       secrets cannot be sealed or opened with the configured keys
+    │       └── MissingPayloadKeys  secrets are encrypted and no key is configured at all
     ├── DatabaseError             PostgreSQL cannot be used
     │   ├── DatabaseUnavailable   unreachable, or refused the connection
     │   └── NotMigrated           the schema is missing or older than this version
     ├── RequestRefused            the producer API refused a request; nothing was written
     │   ├── IdempotencyConflict   the key was used for a different request (HTTP 422)
     │   │   └── BatchConflict     some messages of an `enqueue_many` batch did so
-    │   └── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    │   ├── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    │   ├── AlreadyExpired        past its expires_at on the database's clock (a ValueError)
+    │   └── InvalidRequest        a key, scope or request hash cannot be used (a ValueError)
     └── DeliveryError             a message could not be prepared or sent
         ├── TemplateError         a template is missing, malformed or lacks a variable
+        ├── UnreadableData        a stored message's data cannot be decoded (nested too deep)
         ├── ProviderUnavailable   the provider cannot start (unreachable, bad credentials)
         └── ProviderError         one send failed; `error_class` says whether to retry
             ├── TransientProviderError
@@ -53,6 +57,10 @@ class ConfigurationError(LeaseboxError):
 
 class PayloadKeyError(ConfigurationError):
     """Secrets cannot be encrypted or decrypted with the configured keys."""
+
+
+class MissingPayloadKeys(PayloadKeyError):
+    """Secrets are encrypted and no key is configured: the process's fault, not the message's."""
 
 
 class DatabaseError(LeaseboxError):
@@ -167,8 +175,43 @@ class RateLimited(RequestRefused):
         self.retry_after = retry_after
 
 
+class InvalidRequest(RequestRefused, ValueError):
+    """An idempotency key, scope or request hash that cannot be used: too long, empty, or
+    holding a character that is not printable (NUL, a lone surrogate, a line break). Refused
+    before any statement, so the caller's transaction goes on (HTTP analogue: 400); the
+    message names the argument and never quotes it."""
+
+    exit_code = 2
+
+
+class AlreadyExpired(RequestRefused, ValueError):
+    """A new message is already past its `expires_at` on the database's clock, which every
+    worker checks expiry on: it would never be sent. Usually the producer's clock runs behind
+    the database's by more than the TTL. Nothing was written (HTTP analogue: 400)."""
+
+    exit_code = 2
+
+    def __init__(self, positions: Sequence[int] | None = None) -> None:
+        which = (
+            f"message(s) #{', #'.join(map(str, positions))} of the batch are"
+            if positions is not None
+            else "the message is"
+        )
+        super().__init__(
+            f"{which} already past expires_at on the database's clock, so nothing was written; "
+            "this producer's clock may run behind the database's (check NTP), or the TTL is "
+            "shorter than the skew"
+        )
+        self.positions = tuple(positions or ())
+
+
 class DeliveryError(LeaseboxError):
     """A message could not be prepared or sent."""
+
+
+class UnreadableData(DeliveryError):
+    """A stored message's `data` cannot be decoded (nested deeper than a worker can read): the
+    message is invalid, and every attempt would fail the same way."""
 
 
 class TemplateError(DeliveryError):

@@ -38,6 +38,8 @@ from pydantic import (
     model_validator,
 )
 
+from leasebox.errors import InvalidRequest, UnreadableData
+
 BUILTIN_KINDS = ("otp", "verification", "password_reset", "invite")
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 TEMPLATE_PATTERN = r"^[a-z0-9][a-z0-9_\-]*(/[a-z0-9][a-z0-9_\-]*)*$"
@@ -45,6 +47,11 @@ MAX_DATA_BYTES = 16 * 1024
 # How long a receipt turns a retried request into the same send, unless the caller says.
 DEFAULT_RECEIPT_TTL_SECONDS = 24 * 3600.0
 MAX_SECRETS_BYTES = 4 * 1024
+# The deepest `data` may nest (objects and arrays): far beyond any template's needs, far short
+# of where decoding it would exhaust the interpreter's stack.
+MAX_DATA_DEPTH = 32
+# The longest idempotency key, scope or request hash: a receipt's key must fit an index entry.
+MAX_KEY_LENGTH = 255
 _LOCAL_PART = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}$")
 _DOMAIN = re.compile(
     r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
@@ -112,6 +119,43 @@ def _storable_text(value: str | None) -> str | None:
     return value
 
 
+def too_deep(value: Any, limit: int = MAX_DATA_DEPTH) -> bool:
+    """Whether objects and arrays nest more than `limit` levels deep in `value` (looked at
+    level by level, without recursion, so any depth is measured safely)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list | tuple)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def check_request_key(argument: str, value: str | None, *, empty: bool = False) -> None:
+    """Refuse an idempotency key, scope or request hash that cannot be used, before any SQL:
+    `InvalidRequest` naming `argument` (`idempotency_key`), never quoting the value."""
+    if value is None:
+        return
+    name = argument.replace("_", " ")
+    if not isinstance(value, str):
+        raise InvalidRequest(f"the {name} must be text, got {type(value).__name__}")
+    if not value and not empty:
+        raise InvalidRequest(f"the {name} must not be empty")
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidRequest(
+            f"the {name} is {len(value)} characters long; at most {MAX_KEY_LENGTH} are allowed"
+        )
+    if not value.isprintable():
+        raise InvalidRequest(
+            f"the {name} holds a character that is not printable (a control character, a NUL "
+            "byte, a line break or a lone surrogate)"
+        )
+
+
 def _unstorable_strings(value: Any) -> bool:
     """Whether any key or string anywhere in a JSON-like value is unstorable."""
     if isinstance(value, str):
@@ -150,6 +194,8 @@ class OutboxMessage(BaseModel):
     @field_validator("data")
     @classmethod
     def _data_is_small_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if too_deep(value):
+            raise ValueError(f"must not be nested more than {MAX_DATA_DEPTH} levels deep")
         try:
             encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -244,7 +290,13 @@ class JsonObject(Mapping[str, Any]):
 
     def _value(self) -> dict[str, Any]:
         if self._decoded is None:
-            value = json.loads(self._raw)
+            try:
+                value = json.loads(self._raw)
+            except RecursionError:
+                raise UnreadableData(
+                    "its data is nested too deeply to be decoded (written around the "
+                    f"producer, which allows {MAX_DATA_DEPTH} levels)"
+                ) from None
             self._decoded = value if isinstance(value, dict) else {"value": value}
         return self._decoded
 

@@ -54,6 +54,11 @@ class DeadReason(StrEnum):
     EXPIRED = "expired"
     """Its `expires_at` passed before it could be written to the wire: never sent late."""
 
+    POSSIBLY_DELIVERED = "possibly_delivered"
+    """Out of attempts, the last one ambiguous (the provider took the message and never
+    answered, or the send was cut short after it was handed over): it may have been
+    delivered. Check with the provider before requeueing it."""
+
 
 class Event(StrEnum):
     """What happened to a row, one `history` row each; the history's `event` column.

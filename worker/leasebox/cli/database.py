@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from leasebox.cli.common import add_database_options, kinds_list
+from leasebox.cli.common import add_database_options, database, kinds_list
 
 
 def register(subparsers: Any) -> None:
@@ -65,17 +65,17 @@ def register(subparsers: Any) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from leasebox.db.connections import redact_dsn, resolve_dsn
+    from leasebox.db.connections import redact_dsn
     from leasebox.db.migrations import migrate
 
-    dsn = resolve_dsn(args.dsn)
-    applied = migrate(dsn, args.schema)
-    target = redact_dsn(dsn)
+    db = database(args)
+    applied = migrate(db.dsn, db.schema)
+    target = redact_dsn(db.dsn)
     if applied:
         for migration in applied:
-            print(f"applied {migration.version:04d}_{migration.name} to {args.schema} ({target})")
+            print(f"applied {migration.version:04d}_{migration.name} to {db.schema} ({target})")
     else:
-        print(f"schema {args.schema} is up to date ({target})")
+        print(f"schema {db.schema} is up to date ({target})")
     return 0
 
 
@@ -89,6 +89,8 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
             fields = json.loads(sys.stdin.read())
         except json.JSONDecodeError as exc:
             raise ConfigurationError(f"stdin is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ConfigurationError("stdin holds JSON nested too deeply") from None
         if not isinstance(fields, dict):
             raise ConfigurationError("stdin must hold a JSON object")
         return fields
@@ -96,6 +98,8 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
         data = json.loads(args.data)
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"--data is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError("--data is nested too deeply") from None
     secrets = {}
     for item in args.secret:
         name, sep, value = item.partition("=")
@@ -119,7 +123,7 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
 def run_enqueue(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
+    from leasebox.db.connections import check_migrated, connect
     from leasebox.errors import ConfigurationError
     from leasebox.messages import OutboxMessage
     from leasebox.producer.enqueue import enqueue
@@ -131,10 +135,11 @@ def run_enqueue(args: argparse.Namespace) -> int:
         message = OutboxMessage.model_validate(fields)
     except ValidationError as exc:
         raise ConfigurationError(f"invalid message: {describe_validation(exc)}") from None
-    with connect(resolve_dsn(args.dsn)) as conn:
-        check_migrated(conn, args.schema)
+    db = database(args)
+    with connect(db.dsn) as conn:
+        check_migrated(conn, db.schema)
         receipt = enqueue(
-            conn, message, idempotency_key=idempotency_key, scope=scope, schema=args.schema
+            conn, message, idempotency_key=idempotency_key, scope=scope, schema=db.schema
         )
         conn.commit()
     print(receipt.model_dump_json())
@@ -151,16 +156,17 @@ def describe_validation(exc: Any) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
+    from leasebox.db.connections import check_migrated, connect
     from leasebox.store.backlog import fetch_backlog, known_kinds
 
-    with connect(resolve_dsn(args.dsn), autocommit=True) as conn:
-        check_migrated(conn, args.schema)
-        kinds = args.kinds or known_kinds(conn, schema=args.schema)
+    db = database(args)
+    with connect(db.dsn, autocommit=True) as conn:
+        check_migrated(conn, db.schema)
+        kinds = args.kinds or known_kinds(conn, schema=db.schema)
         if not kinds:
             print("{}" if args.json else "no backlog: nothing pending, processing or dead")
             return 0
-        backlog = fetch_backlog(conn, kinds, schema=args.schema)
+        backlog = fetch_backlog(conn, kinds, schema=db.schema)
     if args.json:
         kinds = {name: view.as_dict() for name, view in backlog.by_kind().items()}
         print(json.dumps({"total": backlog.as_dict(), "kinds": kinds}, indent=2))

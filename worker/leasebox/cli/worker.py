@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from leasebox.cli.common import add_database_options
+from leasebox.cli.common import add_database_options, database
 from leasebox.runtime import options
 from leasebox.runtime.options import OPTIONS, Style, Target
 
@@ -51,7 +51,6 @@ def read_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[s
 
 def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     """`ProcessConfig` from flags and environment; `ConfigurationError` on any bad value."""
-    from leasebox.db.connections import resolve_dsn
     from leasebox.errors import ConfigurationError
     from leasebox.runtime.process import ProcessConfig
     from leasebox.runtime.settings import WorkerSettings, default_worker_id
@@ -86,7 +85,7 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     process = {o.name: values[o.name] for o in OPTIONS if o.target is Target.PROCESS}
     for logging_option in (options.LOG_FORMAT, options.LOG_LEVEL):
         del process[logging_option.name]
-    return ProcessConfig(settings=settings, dsn=resolve_dsn(args.dsn, environ), **process)
+    return ProcessConfig(settings=settings, dsn=database(args, environ).dsn, **process)
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from leasebox.delivery.providers.base import derived_message_id, recipient_domain
-from leasebox.states import Event
+from leasebox.states import DeadReason, Event
 from leasebox.store.history import (
     HistoryEvent,
     ReceiptRecord,
@@ -312,14 +312,17 @@ def ownership(attempts: Sequence[Attempt]) -> Ownership:
 
 def count_copies(attempts: Sequence[Attempt]) -> Copies:
     """Copies accepted (each `sent`, each late report of an accepted send) and copies the
-    provider may have (an ambiguous failure, a holder that vanished with its lease)."""
+    provider may have (an ambiguous failure, a last attempt that ended possibly delivered, a
+    holder that vanished with its lease)."""
     accepted: list[str] = []
     possible: list[str] = []
     for attempt in attempts:
         who = attempt.worker_id or "a worker"
         if attempt.outcome == Event.SENT:
             accepted.append(f"{who}'s send")
-        elif attempt.outcome == Event.AMBIGUOUS:
+        elif attempt.outcome == Event.AMBIGUOUS or (
+            attempt.outcome == Event.DEAD and attempt.dead_reason == DeadReason.POSSIBLY_DELIVERED
+        ):
             possible.append(f"{who}'s ambiguous attempt")
         elif attempt.vanished:
             possible.append(f"{who}'s attempt before its lease ran out")

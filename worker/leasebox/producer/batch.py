@@ -30,8 +30,19 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
-from leasebox.errors import BatchConflict, ConfigurationError, ConflictingRequest, DatabaseError
-from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
+from leasebox.errors import (
+    AlreadyExpired,
+    BatchConflict,
+    ConfigurationError,
+    ConflictingRequest,
+    DatabaseError,
+)
+from leasebox.messages import (
+    DEFAULT_RECEIPT_TTL_SECONDS,
+    OutboxMessage,
+    Receipt,
+    check_request_key,
+)
 from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 
@@ -76,6 +87,10 @@ def _prepare(
     count = len(messages)
     keys = _per_message(idempotency_keys, count, "idempotency_keys")
     hashes = _per_message(request_hashes, count, "request_hashes")
+    check_request_key("scope", scope, empty=True)
+    for index, (key, given_hash) in enumerate(zip(keys, hashes, strict=True)):
+        check_request_key(f"idempotency_key #{index}", key)
+        check_request_key(f"request_hash #{index}", given_hash)
     scope_name = scope or "default"
 
     columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
@@ -181,6 +196,15 @@ def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
     """
     written: dict[int, tuple[str, int, str]] = {}
     conflicts: list[ConflictingRequest] = []
+    expired = sorted(
+        index
+        for ord_, source, _, _ in rows
+        if source == "expired"
+        for index, (slot, _) in enumerate(batch.slots)
+        if slot == int(ord_) - 1
+    )
+    if expired:
+        raise AlreadyExpired(expired)
     for ord_, source, outbox_id, delivery_key in rows:
         slot = int(ord_) - 1
         if source in ("conflict", "receipt_conflict"):

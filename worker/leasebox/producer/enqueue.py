@@ -21,8 +21,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from leasebox.db.queries import DEFAULT_SCHEMA
-from leasebox.errors import DatabaseError, IdempotencyConflict
-from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
+from leasebox.errors import AlreadyExpired, DatabaseError, IdempotencyConflict
+from leasebox.messages import (
+    DEFAULT_RECEIPT_TTL_SECONDS,
+    OutboxMessage,
+    Receipt,
+    check_request_key,
+)
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.producer.plan import Plan, Step, one, run, run_async
@@ -39,6 +44,11 @@ def _plan(
     receipt_ttl_seconds: float,
     cipher: PayloadCipher,
 ) -> Plan[Receipt]:
+    # Before any statement: a key the database would refuse would abort the caller's whole
+    # transaction from inside it.
+    check_request_key("idempotency_key", idempotency_key)
+    check_request_key("scope", scope, empty=True)
+    check_request_key("request_hash", request_hash)
     scope_name = scope or "default"
     message_hash = message.request_hash()
     fingerprint = request_hash or message_hash
@@ -128,6 +138,8 @@ def _plan(
         return _reused(row, fingerprint, scope_name, idempotency_key)
     if row["source"] == "conflict":
         raise _delivery_key_conflict(row, scope_name, idempotency_key)
+    if row["source"] == "expired":
+        raise AlreadyExpired()
     return Receipt(
         outbox_id=int(row["outbox_id"]),
         delivery_key=row["delivery_key"],

@@ -38,6 +38,9 @@ class Held:
     claimed_at: float
     deadline: float
     lost: bool = False
+    handed_over: bool = False
+    """The provider passed its last check before writing the message (`Email.expired`): a
+    send cancelled from then on may have reached it."""
 
     @property
     def lease(self) -> LeaseRef:

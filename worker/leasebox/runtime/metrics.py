@@ -60,7 +60,11 @@ METRIC_NAMES = (
     "leasebox_provider_requests_total",
     "leasebox_provider_request_duration_seconds",
     "leasebox_provider_info",
+    "leasebox_not_ready",
 )
+# Why a worker may be not ready on its own account (the `cause` label of `leasebox_not_ready`):
+# its provider has not started yet, or messages have encrypted secrets and it has no keys.
+NOT_READY_CAUSES = ("provider_start", "payload_keys")
 # The `outcome` label of the provider metrics (`delivery.providers.base.Outcome`), listed here
 # so that this module needs nothing from delivery.
 PROVIDER_OUTCOMES = (
@@ -215,6 +219,15 @@ class WorkerMetrics:
             ["provider", "idempotent"],
             registry=r,
         )
+        self.not_ready = Gauge(
+            "leasebox_not_ready",
+            "1 while the worker is not ready for this cause (its provider has not started; "
+            "messages have encrypted secrets and it has no keys), else 0.",
+            ["cause"],
+            registry=r,
+        )
+        for cause in NOT_READY_CAUSES:
+            self.not_ready.labels(cause).set(0)
         # The version and the process metrics, in this registry as in the operator's.
         build = Gauge(
             "leasebox_build_info",

@@ -247,7 +247,8 @@ METRICS_HOST = Option(
     "LEASEBOX_METRICS_HOST",
     text,
     "0.0.0.0",  # noqa: S104 - the pod's metrics port is meant to be scraped
-    "address the metrics server binds",
+    "address /metrics, /healthz and /readyz bind: every IPv4 interface (a pod's IP, for "
+    "Prometheus and the kubelet); 127.0.0.1 on a shared host, :: for IPv6",
     Target.PROCESS,
 )
 LOG_FORMAT = Option[str | None](

@@ -111,12 +111,15 @@ async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
 
 def maintain_days(dsn: str, schema: str, retention_seconds: float | None) -> PruneResult | None:
     """Create the partitions of the coming days and, given a retention, drop the days past
-    it (what `leasebox prune` does); what retention dropped, or None without one."""
+    it (what `leasebox prune` does); what retention dropped, or None without one.
+
+    A partition that cannot be made does not stop retention: the result's `problem` says
+    what was not made (without a retention, `PartitionsIncomplete` does)."""
     with connect(dsn, autocommit=True) as conn:
-        created = ensure_partitions(conn, schema)
-        if created:
-            log.info("created %d partitions for the coming days", len(created))
         if retention_seconds is None:
+            created = ensure_partitions(conn, schema)
+            if created:
+                log.info("created %d partitions for the coming days", len(created))
             return None
         return prune(conn, retention_seconds=retention_seconds, schema=schema)
 
@@ -153,5 +156,9 @@ async def keep_days(dsn: str, schema: str, retention_seconds: float | None = Non
                 pruned.receipts,
                 pruned.kept,
             )
+        if pruned is not None and pruned.problem:
+            log.warning("retention ran, but %s", pruned.problem)
+            await asyncio.sleep(PARTITION_RETRY)
+            continue
         failures = 0
         await asyncio.sleep(PARTITION_INTERVAL)

@@ -45,15 +45,17 @@ from leasebox.delivery.providers.base import (
 )
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
+    AMBIGUOUS_CODE,
     EXPIRED_CODE,
     MISSING_MESSAGE_CODE,
+    TIMEOUT_CODE,
     Failure,
     classify,
     retry_delay,
     should_retry,
 )
-from leasebox.errors import PERMANENT
-from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
+from leasebox.errors import PERMANENT, AmbiguousProviderError, MissingPayloadKeys
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
 from leasebox.runtime.dispatching import ReadyRows
@@ -70,6 +72,8 @@ from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
+# The `leasebox_not_ready` cause of a worker that met encrypted secrets without keys.
+KEYS = "payload_keys"
 _KIND = attrgetter("kind")
 # A claim that reads on from a cursor misses a row committed late by a transaction that began
 # before the rows the cursor passed, so now and then one reads from the start: after this many
@@ -84,6 +88,13 @@ RESCAN_SECONDS = 1.0
 _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 _MISSING_MESSAGE = Failure(
     PERMANENT, MISSING_MESSAGE_CODE, "its message is missing from the outbox: nothing to send"
+)
+# A send cancelled by a stop after the provider's last check before writing the message.
+_CUT_SHORT = classify(
+    AmbiguousProviderError(
+        "the send was cut short by a stop after the message was handed to the provider: it "
+        "may have been accepted"
+    )
 )
 
 
@@ -158,6 +169,10 @@ class Worker:
             in_flight=lambda: self.metrics.sending,
         )
         self.database_problem: str | None = None
+        # Why the worker cannot do its job on its own account, by cause (`NOT_READY_CAUSES`):
+        # `/readyz` says so and `leasebox_not_ready` shows it.
+        self._blocked: dict[str, str] = {}
+        self.notes: list[str] = []
         self.failed = False
         # How often the claim and the lease check have run: the positive signal that the
         # worker looked (at the clock, at its leases), for tests and for debugging.
@@ -183,8 +198,9 @@ class Worker:
         return self._cipher.mode
 
     def status_lines(self) -> list[str]:
-        """What `/readyz` says under its verdict: how this worker runs."""
-        return [f"secrets: {self.secrets_mode}"]
+        """What `/readyz` says under its verdict: how this worker runs, and `notes` (a schema
+        newer than this worker, say)."""
+        return [f"secrets: {self.secrets_mode}", *self.notes]
 
     @property
     def completions(self) -> CompletionBatcher:
@@ -196,8 +212,25 @@ class Worker:
         """Rows claimed and not yet settled."""
         return len(self._held)
 
+    def block(self, cause: str, reason: str) -> None:
+        """Not ready for `cause` (one of `NOT_READY_CAUSES`) until `unblock(cause)`."""
+        self._blocked[cause] = reason
+        self.metrics.not_ready.labels(cause).set(1)
+
+    def unblock(self, cause: str) -> None:
+        self._blocked.pop(cause, None)
+        self.metrics.not_ready.labels(cause).set(0)
+
+    async def until_stopped(self, seconds: float) -> bool:
+        """Wait `seconds` or until a stop is requested; whether one was."""
+        await self._until(self._stop, seconds)
+        return self._stop.is_set()
+
     async def readiness_problem(self) -> str | None:
-        """None when the database answers and the provider is healthy, else why not."""
+        """None when the worker can work, the database answers and the provider is healthy,
+        else why not."""
+        if self._blocked:
+            return "; ".join(self._blocked.values())
         try:
             async with asyncio.timeout(3.0), self._pool.connection() as conn:
                 await conn.execute("SELECT 1")
@@ -312,6 +345,13 @@ class Worker:
         # for a handful of rows. Half a batch still leaves the senders a full queue.
         least = max(1, s.batch_size // 2)
         while not self._stop.is_set():
+            if KEYS in self._blocked:
+                # Every message with encrypted secrets would be given back: claim nothing.
+                if s.drain:
+                    self.failed = True
+                    return
+                await self._until(self._stop, None)
+                continue
             # Rows whose outcome is known wait only for its statement: they hold no send slot,
             # so the next batch is claimed while the last one is settled, up to a batch more.
             held = len(self._held)
@@ -468,6 +508,9 @@ class Worker:
             return
         try:
             email = self._prepare(held)
+        except MissingPayloadKeys:
+            self._keys_missing(held)
+            return
         except Exception as exc:
             self._failed(held, classify(exc))
             return
@@ -477,8 +520,16 @@ class Worker:
         try:
             outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
-            metrics.record_send(message.kind, self._provider_name, None, time.monotonic() - started)
-            self._outcome(held, Release(held.lease))
+            # Cut short by a stop. Before the provider's last check nothing went out: the
+            # attempt is given back. From then on the message may have reached the provider,
+            # as when a connection is lost before the answer: the attempt counts.
+            elapsed = time.monotonic() - started
+            if held.handed_over:
+                metrics.record_send(message.kind, self._provider_name, _CUT_SHORT.outcome, elapsed)
+                self._failed(held, _CUT_SHORT)
+            else:
+                metrics.record_send(message.kind, self._provider_name, None, elapsed)
+                self._outcome(held, Release(held.lease))
             raise
         finally:
             metrics.sending -= 1
@@ -494,11 +545,35 @@ class Worker:
         metrics.record_send(message.kind, self._provider_name, made, elapsed)
         self._failed(held, outcome)
 
+    def _keys_missing(self, held: Held) -> None:
+        """A message with encrypted secrets and no keys to open them: the worker's fault, not
+        the message's. It is given back with its attempt, and the worker claims no more."""
+        if KEYS not in self._blocked:
+            log.error(
+                "messages have encrypted secrets and %s is not set: giving them back and "
+                "claiming nothing until the worker is restarted with the keys",
+                KEYS_VARIABLE,
+                extra=message_fields(held.message),
+            )
+            self.block(
+                KEYS,
+                f"payload keys: messages have encrypted secrets and {KEYS_VARIABLE} is not "
+                "set; claiming nothing until the worker is restarted with the keys",
+            )
+        self._outcome(held, Release(held.lease))
+
     def _expired(self, held: Held) -> bool:
         """Whether the row's `expires_at` has passed, on the database's clock: checked before
         the send, and by the provider after every wait, right before the message goes out."""
         expires_at = held.message.expires_at
         return expires_at is not None and expires_at <= self._db_now(held)
+
+    def _provider_check(self, held: Held) -> bool:
+        """`_expired` as the provider asks it, right before it writes the message: once it
+        passes, the message may be on its way (`Held.handed_over`)."""
+        expired = self._expired(held)
+        held.handed_over = not expired
+        return expired
 
     def _prepare(self, held: Held) -> Email:
         message = held.message
@@ -517,7 +592,7 @@ class Worker:
             rendered.text,
             rendered.html,
             message.attempts,
-            lambda: self._expired(held),
+            lambda: self._provider_check(held),
         )
 
     def _db_now(self, held: Held) -> datetime:
@@ -542,6 +617,10 @@ class Worker:
                 rng=self._rng,
             )
             action = Retry(held.lease, delay, failure.detail, failure.code)
+        elif failure.code == AMBIGUOUS_CODE or (failure.code == TIMEOUT_CODE and held.handed_over):
+            # The last attempt may have reached the provider: the reason says so.
+            detail = f"ambiguous, possibly delivered: {failure.detail}"
+            action = Dead(held.lease, DeadReason.POSSIBLY_DELIVERED, detail, failure.code)
         elif failure.transient:
             action = Dead(held.lease, DeadReason.ATTEMPTS_EXHAUSTED, failure.detail, failure.code)
         else:

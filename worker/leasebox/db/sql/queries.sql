@@ -58,6 +58,17 @@ LIMIT 1;
 -- Serialise callers on one key until the end of the transaction.
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
+-- name: touch_guard_subject
+-- Serialise the guard's callers on one counted subject, and fail a stale snapshot.
+-- The row's lock serialises callers under READ COMMITTED, so the count that follows sees what
+-- the previous holder committed. Under REPEATABLE READ and SERIALIZABLE the count reads the
+-- caller's snapshot: if another request rewrote the row after that snapshot was taken, this
+-- update fails with a serialization failure (40001) rather than let the count miss its send.
+INSERT INTO {schema}.guard_subjects AS g (subject, touched_at)
+VALUES (hashtextextended(%(subject)s, 0), now())
+ON CONFLICT (subject) DO UPDATE SET touched_at = excluded.touched_at
+RETURNING g.touched_at;
+
 -- name: count_recipient_window
 -- Logical sends to one normalised recipient inside the abuse guard's window.
 SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
@@ -98,7 +109,8 @@ WHERE {schema}.receipts.expires_at <= now()
 -- explicit delivery key, unless the caller took them already), then does what `source`
 -- says: `receipt` (a live receipt of the key; the caller compares its request hash),
 -- `existing` (the message under the explicit delivery key, the same message), `conflict`
--- (another message under it), or `inserted`. No row: a row with that delivery key was
+-- (another message under it), `expired` (a new message already past its expiry on the
+-- database's clock: nothing written), or `inserted`. No row: a row with that delivery key was
 -- written concurrently without the lock. Arguments are cast, so that any driver's
 -- parameter types find the function.
 SELECT source, outbox_id, delivery_key, request_hash
@@ -195,10 +207,15 @@ looked AS MATERIALIZED (
         LIMIT 1
     ) AS e ON true
 ),
+-- A new message already past its expiry on the database's clock is refused like a conflict.
 conflicts AS (
     SELECT ord, found AS source, found_id AS id, sends_key AS delivery_key
     FROM looked
     WHERE found IN ('conflict', 'receipt_conflict')
+    UNION ALL
+    SELECT ord, 'expired', NULL, delivery_key
+    FROM looked
+    WHERE found IS NULL AND expires_at <= now()
 ),
 -- A message that found nothing is written, once per delivery key: the first message of the
 -- batch with the key writes it (its id is the smallest: only these messages took ids, in
@@ -745,29 +762,83 @@ WHERE bucket >= (now() AT TIME ZONE 'UTC')::date
   AND outbox_bucket < %(before)s AND expires_at > now();
 
 -- name: keep_messages
--- Move messages (their outbox row, queue row and history) to the day `day`, and point their
--- receipts there: retention is about to drop the days before `before` they were in.
+-- Move still wanted messages of the days before `before` to the kept partition, once.
+-- Their outbox, queue and history rows get the bucket `day` (9999-12-31, the kept partition,
+-- which retention never drops) and their receipts point there: retention is about to drop
+-- the days they were in. It runs beside the producers and workers, taking row locks only: a
+-- message whose queue row another transaction holds right now (a worker settling it) is left
+-- for a later try. The answer is how many messages moved and how many were left.
 WITH ids AS (
     SELECT unnest(%(ids)s::bigint[]) AS id
 ),
+held AS MATERIALIZED (
+    SELECT q.id FROM {schema}.queue AS q
+    WHERE q.id = ANY(%(ids)s::bigint[]) AND q.bucket < %(before)s
+    ORDER BY q.id
+    FOR UPDATE SKIP LOCKED
+),
+movable AS MATERIALIZED (
+    SELECT ids.id FROM ids
+    WHERE ids.id IN (SELECT id FROM held)
+       OR NOT EXISTS (SELECT FROM {schema}.queue AS q
+                      WHERE q.id = ids.id AND q.bucket < %(before)s)
+),
 queued AS (
     UPDATE {schema}.queue AS q SET bucket = %(day)s
-    FROM ids WHERE q.id = ids.id AND q.bucket < %(before)s
+    FROM held WHERE q.id = held.id
 ),
 messages AS (
     UPDATE {schema}.outbox AS o SET bucket = %(day)s
-    FROM ids WHERE o.id = ids.id AND o.bucket < %(before)s
+    FROM movable WHERE o.id = movable.id AND o.bucket < %(before)s
     RETURNING o.id
 ),
 history AS (
     UPDATE {schema}.history AS h SET bucket = %(day)s
-    FROM ids WHERE h.outbox_id = ids.id AND h.bucket < %(before)s
+    FROM movable WHERE h.outbox_id = movable.id AND h.bucket < %(before)s
 ),
 receipts AS (
     UPDATE {schema}.receipts AS r SET outbox_bucket = %(day)s
-    FROM ids WHERE r.outbox_id = ids.id AND r.outbox_bucket < %(before)s
+    FROM movable WHERE r.outbox_id = movable.id AND r.outbox_bucket < %(before)s
 )
-SELECT count(*) FROM messages;
+SELECT (SELECT count(*) FROM messages) AS moved,
+       (SELECT count(*) FROM ids) - (SELECT count(*) FROM movable) AS left_behind;
+
+-- name: forget_kept_messages
+-- Delete a batch of kept messages that nothing wants any more, with their history.
+-- A message of the kept partition (`kept`) goes once it is out of the queue (sent, or purged),
+-- no live receipt names it, and nothing happened to it since `since` (now minus the
+-- retention): as a message of a day would have gone with its day.
+WITH doomed AS (
+    SELECT o.id FROM {schema}.outbox AS o
+    WHERE o.bucket = %(kept)s AND o.created_at < %(since)s
+      AND NOT EXISTS (SELECT FROM {schema}.queue AS q WHERE q.id = o.id)
+      AND NOT EXISTS (SELECT FROM {schema}.receipts AS r
+                      WHERE r.outbox_id = o.id AND r.expires_at > now()
+                        AND r.bucket >= (now() AT TIME ZONE 'UTC')::date)
+      AND NOT EXISTS (SELECT FROM {schema}.history AS h
+                      WHERE h.outbox_id = o.id AND h.bucket = o.bucket AND h.at >= %(since)s)
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+),
+forgotten AS (
+    DELETE FROM {schema}.history AS h USING doomed
+    WHERE h.outbox_id = doomed.id AND h.bucket = %(kept)s
+),
+gone AS (
+    DELETE FROM {schema}.outbox AS o USING doomed
+    WHERE o.id = doomed.id AND o.bucket = %(kept)s
+    RETURNING o.id
+)
+SELECT count(*) FROM gone;
+
+-- name: forget_guard_subjects
+-- Delete a batch of the abuse guard's subjects that no send touched since `since`.
+-- A subject's row matters only while transactions that counted it are open. The age is
+-- checked again on the row itself, so a row a send touches meanwhile stays.
+DELETE FROM {schema}.guard_subjects AS g
+WHERE g.subject IN (SELECT subject FROM {schema}.guard_subjects
+                    WHERE touched_at < %(since)s LIMIT %(limit)s)
+  AND g.touched_at < %(since)s;
 
 -- name: listen
 -- Subscribe to the queue's insert notifications.

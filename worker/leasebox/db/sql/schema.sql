@@ -56,6 +56,12 @@ CREATE INDEX outbox_scope_created_idx ON {schema}.outbox (scope, created_at);
 
 CREATE TABLE {schema}.outbox_default PARTITION OF {schema}.outbox DEFAULT;
 
+-- What retention keeps of the days it drops (messages not sent yet, dead letters, messages a
+-- live receipt names) moves here once, with the bucket 9999-12-31, after every real day:
+-- retention never drops this partition, and removes a row from it once nothing wants it.
+CREATE TABLE {schema}.outbox_kept PARTITION OF {schema}.outbox
+    FOR VALUES FROM ('9999-12-31') TO (MAXVALUE);
+
 -- The messages not sent yet, and the dead letters: what workers claim and settle. A row is
 -- deleted when its message is sent. It copies from `outbox` what claiming, routing and logs
 -- need (kind, aggregate id, delivery key), so a provider that reads no content claims from
@@ -135,6 +141,20 @@ CREATE INDEX receipts_late_idx ON {schema}.receipts (outbox_bucket)
 
 CREATE TABLE {schema}.receipts_default PARTITION OF {schema}.receipts DEFAULT;
 
+-- The abuse guard's counted subjects (a hash of a recipient's normalised form, or of a
+-- scope), each rewritten by every send it counts: under REPEATABLE READ or SERIALIZABLE a
+-- request whose snapshot cannot see another's send fails on this row with a serialization
+-- failure instead of counting too few; under READ COMMITTED its lock serialises the callers.
+-- Retention removes the rows no send touched for longer than it keeps.
+CREATE TABLE {schema}.guard_subjects (
+    subject bigint PRIMARY KEY,
+    touched_at timestamptz NOT NULL
+) WITH (
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.05,
+    autovacuum_vacuum_cost_delay = 0
+);
+
 -- The attempt history: one row per event in a message's life (each claim, how each lease
 -- ended, an expiry in the queue, a requeue), written by the statement that makes the change.
 -- It lives in its message's partition (`bucket`) and goes with it. Append-only.
@@ -173,6 +193,10 @@ CREATE INDEX history_sent_idx ON {schema}.history (kind, at) WHERE event = 'sent
 
 CREATE TABLE {schema}.history_default PARTITION OF {schema}.history DEFAULT;
 
+-- The history of the messages retention keeps (see `outbox_kept`).
+CREATE TABLE {schema}.history_kept PARTITION OF {schema}.history
+    FOR VALUES FROM ('9999-12-31') TO (MAXVALUE);
+
 -- One row per logical send with where it is: the queue's state while it is there, `sent`
 -- (with when, by whom, and the provider's id, from its `sent` history) once it is gone.
 CREATE VIEW {schema}.messages AS
@@ -205,8 +229,10 @@ LEFT JOIN LATERAL (
 -- so it sees what an earlier holder of a lock committed; a function rather than one big
 -- statement because a statement would open every day's partition for the lookups the common
 -- request (a new message under a key made up for it) never makes. The answer has one row:
--- `source` is `inserted`, `existing`, `receipt` or `conflict`, and no row at all means a
--- message with that delivery key was written concurrently without the lock.
+-- `source` is `inserted`, `existing`, `receipt`, `conflict` or `expired` (a new message
+-- already past its `expires_at` on the database's clock, which every worker shares: nothing
+-- is written), and no row at all means a message with that delivery key was written
+-- concurrently without the lock.
 CREATE FUNCTION {schema}.enqueue_message(
     p_kind text,
     p_aggregate_id text,
@@ -278,6 +304,10 @@ BEGIN
             END IF;
             v_source := 'existing';
         END IF;
+    END IF;
+    IF v_source = 'inserted' AND p_expires_at <= now() THEN
+        RETURN QUERY SELECT 'expired', NULL::bigint, p_delivery_key, NULL::text;
+        RETURN;
     END IF;
     IF v_source = 'inserted' THEN
         INSERT INTO {schema}.outbox
