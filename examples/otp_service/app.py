@@ -29,7 +29,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
 from psycopg import conninfo
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sqlalchemy import DateTime, String
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -117,7 +117,7 @@ def create_app(
                 secrets={"code": code},
                 expires_at=expires_at,
             )
-        except ValidationError:
+        except leasebox.InvalidMessage:
             raise HTTPException(422, "email is not a valid address") from None
         async with sessions() as session:
             session.add(

@@ -90,7 +90,7 @@ def test_a_nul_byte_in_the_data_is_a_one_line_error_before_any_sql(db_dsn: str) 
     result = run("enqueue", "--dsn", db_dsn, "--json", stdin=json.dumps(message))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "leasebox enqueue: error: invalid message: data: Value error, must not contain a NUL "
+        "leasebox enqueue: error: invalid message: data: must not contain a NUL "
         "byte or a lone surrogate character"
     ]
 
