@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 
@@ -96,7 +97,13 @@ def test_a_nul_byte_in_the_data_is_a_one_line_error_before_any_sql(db_dsn: str) 
 
 
 def test_status_prints_a_table_and_json(db_dsn: str) -> None:
-    run("enqueue", "--dsn", db_dsn, "--kind", "otp", "--recipient", "ada@example.com")
+    env = {**os.environ, KEYS_VARIABLE: generate_key()}
+    enqueued = run(
+        *("enqueue", "--dsn", db_dsn, "--kind", "otp", "--recipient", "ada@example.com"),
+        *("--secret", "code=493817"),
+        env=env,
+    )
+    assert enqueued.returncode == 0, enqueued.stderr
     table = run("status", "--dsn", db_dsn)
     as_json = run("status", "--dsn", db_dsn, "--kinds", "otp,invite", "--json")
     assert table.returncode == 0, table.stderr
@@ -139,3 +146,56 @@ def test_an_invalid_kind_list_is_rejected_by_the_parser() -> None:
     result = run("status", "--kinds", "OTP;drop")
     assert result.returncode == 2
     assert "invalid kind list" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ("--kind", "otp", "--template", "welcome"),
+            "leasebox enqueue: error: invalid message: template: 'welcome' is not a registered "
+            "template",
+        ),
+        (
+            ("--kind", "newsletter", "--template", "otp", "--secret", "code=1"),
+            "leasebox enqueue: error: invalid message: kind: 'newsletter' is not a registered kind",
+        ),
+        (
+            ("--kind", "otp"),
+            "leasebox enqueue: error: invalid message: code: the 'otp' template needs this "
+            "variable; give it in data or secrets",
+        ),
+    ],
+)
+def test_enqueue_refuses_what_no_worker_could_send_in_one_line_and_writes_nothing(
+    db_dsn: str, flags: tuple[str, ...], line: str
+) -> None:
+    result = run("enqueue", "--dsn", db_dsn, "--recipient", "ada@example.com", *flags)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(line)
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM leasebox.outbox").fetchone() == (0,)
+
+
+def test_enqueue_accepts_the_kinds_and_templates_the_workers_are_given(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    (tmp_path / "welcome").mkdir()
+    (tmp_path / "welcome" / "subject.txt.j2").write_text("Welcome")
+    (tmp_path / "welcome" / "body.txt.j2").write_text("Hello {{ name }}")
+    flags = ("--kind", "newsletter", "--template", "welcome", "--recipient", "ada@example.com")
+    refused = run("enqueue", "--dsn", db_dsn, *flags)
+    by_flags = run(
+        "enqueue", "--dsn", db_dsn, *flags, "--kinds", "newsletter", "--templates", str(tmp_path)
+    )
+    environment = {
+        **os.environ,
+        "LEASEBOX_KINDS": "newsletter",
+        "LEASEBOX_TEMPLATES": str(tmp_path),
+    }
+    by_variables = run("enqueue", "--dsn", db_dsn, *flags, env=environment)
+    assert refused.returncode == 2
+    assert (by_flags.returncode, by_variables.returncode) == (0, 0), by_flags.stderr
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM leasebox.outbox").fetchone() == (2,)

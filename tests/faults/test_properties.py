@@ -248,7 +248,11 @@ def test_a_message_that_validates_is_always_written_by_postgresql(
 ) -> None:
     try:
         message = OutboxMessage(
-            kind="otp", recipient=recipient, aggregate_id=aggregate_id, data=data, secrets=secrets
+            kind="otp",
+            recipient=recipient,
+            aggregate_id=aggregate_id,
+            data=data,
+            secrets={"code": "493817", **secrets},  # the code the otp template needs
         )
     except InvalidMessage:
         return  # refused before any SQL, with the field named: what bad input must get

@@ -4,6 +4,7 @@ Producers call `enqueue` inside their own transaction; workers (`leasebox worker
 with leases; the operator (`leasebox operator`) scales workers to an SLA.
 """
 
+from leasebox.catalogue import Catalogue, TemplateSpec, register_kind, register_template
 from leasebox.errors import (
     BatchConflict,
     ConfigurationError,
@@ -24,6 +25,7 @@ from leasebox.version import __version__
 __all__ = [
     "AbuseGuard",
     "BatchConflict",
+    "Catalogue",
     "ConfigurationError",
     "DatabaseUnavailable",
     "IdempotencyConflict",
@@ -34,9 +36,12 @@ __all__ = [
     "PayloadKeyError",
     "RateLimited",
     "Receipt",
+    "TemplateSpec",
     "__version__",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "register_kind",
+    "register_template",
 ]

@@ -91,9 +91,13 @@ class InvalidMessage(RequestRefused):
     """
 
     exit_code = 2
+    MAX_LISTED = 10
 
     def __init__(self, field: str, problem: str, *, others: Sequence[str] = ()) -> None:
-        more = f" (and {len(others)} more: {', '.join(others)})" if others else ""
+        listed = ", ".join(others[: self.MAX_LISTED]) + (
+            ", …" if len(others) > self.MAX_LISTED else ""
+        )
+        more = f" (and {len(others)} more: {listed})" if others else ""
         super().__init__(f"invalid message: {field}: {problem}{more}")
         self.field = field
         self.problem = problem

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leasebox.cli.common import add_database_options, kinds_list
+
+if TYPE_CHECKING:
+    from leasebox.catalogue import Catalogue
 
 
 def register(subparsers: Any) -> None:
@@ -48,6 +52,18 @@ def register(subparsers: Any) -> None:
     )
     enqueue.add_argument(
         "--json", action="store_true", help="read the message as a JSON object from stdin"
+    )
+    enqueue.add_argument(
+        "--kinds",
+        type=kinds_list,
+        help="kinds to accept besides the built-in ones, as the workers' --kinds "
+        "(default: $LEASEBOX_KINDS)",
+    )
+    enqueue.add_argument(
+        "--templates",
+        metavar="DIR",
+        help="the workers' templates directory: its templates are accepted besides the "
+        "built-in ones (default: $LEASEBOX_TEMPLATES)",
     )
     enqueue.set_defaults(func=run_enqueue)
 
@@ -125,14 +141,48 @@ def run_enqueue(args: argparse.Namespace) -> int:
     idempotency_key = fields.pop("idempotency_key", None) or args.idempotency_key
     scope = fields.pop("scope", None) or args.scope
     message = OutboxMessage.model_validate(fields)  # InvalidMessage: one line, exit 2
+    catalogue = _catalogue(args)
+    catalogue.check(message)  # before connecting: the same refusal as enqueue's
     with connect(resolve_dsn(args.dsn)) as conn:
         check_migrated(conn, args.schema)
         receipt = enqueue(
-            conn, message, idempotency_key=idempotency_key, scope=scope, schema=args.schema
+            conn,
+            message,
+            idempotency_key=idempotency_key,
+            scope=scope,
+            schema=args.schema,
+            catalogue=catalogue,
         )
         conn.commit()
     print(receipt.model_dump_json())
     return 0
+
+
+def _catalogue(args: argparse.Namespace) -> Catalogue:
+    """The built-in kinds and templates, and those the workers are configured with.
+
+    The command has no application to declare its templates, so it takes what the workers
+    take: their kinds, and the templates of their directory (whose variables it cannot know:
+    a missing variable is left to the worker)."""
+    from pathlib import Path
+
+    from leasebox.catalogue import Catalogue
+    from leasebox.errors import ConfigurationError
+
+    catalogue = Catalogue()
+    kinds = args.kinds
+    variable = os.environ.get("LEASEBOX_KINDS", "").strip()
+    if kinds is None and variable:
+        try:
+            kinds = kinds_list(variable)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigurationError(f"LEASEBOX_KINDS: {exc}") from None
+    for kind in kinds or ():
+        catalogue.register_kind(kind)
+    templates = args.templates or os.environ.get("LEASEBOX_TEMPLATES", "").strip()
+    if templates:
+        catalogue.register_directory(Path(templates))
+    return catalogue
 
 
 def run_status(args: argparse.Namespace) -> int:
