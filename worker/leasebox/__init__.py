@@ -5,6 +5,7 @@ with leases; the operator (`leasebox operator`) scales workers to an SLA.
 """
 
 from leasebox.catalogue import Catalogue, TemplateSpec, register_kind, register_template
+from leasebox.db.connections import libpq_dsn
 from leasebox.errors import (
     BatchConflict,
     ConfigurationError,
@@ -42,6 +43,7 @@ __all__ = [
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "libpq_dsn",
     "register_kind",
     "register_template",
 ]
