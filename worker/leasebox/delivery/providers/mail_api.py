@@ -30,7 +30,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from leasebox.delivery.providers.base import Email, Outcome, SendResult, parse_retry_after
+from leasebox.delivery.providers.base import (
+    Email,
+    Outcome,
+    SendResult,
+    parse_retry_after,
+)
 from leasebox.delivery.providers.urls import ProviderUrl
 from leasebox.errors import (
     ConfigurationError,
@@ -53,13 +58,6 @@ def _token(value: object) -> str | None:
     """`value` if it is a short code such as `validation_error` or `406`, else None."""
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
     return text if _TOKEN.fullmatch(text) else None
-
-
-def key_digest(delivery_key: str) -> str:
-    """The hex digest that `X-Leasebox-Key` and tags carry in place of the delivery key."""
-    from leasebox.delivery.providers.base import derived_message_id
-
-    return derived_message_id(delivery_key)[1:].split("@", 1)[0]
 
 
 @dataclass(frozen=True)

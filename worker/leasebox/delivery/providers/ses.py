@@ -28,8 +28,14 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from leasebox.delivery.providers.base import Email, Outcome, SendResult, parse_retry_after
-from leasebox.delivery.providers.mail_api import KEY_HEADER, key_digest, read_endpoint, read_sender
+from leasebox.delivery.providers.base import (
+    Email,
+    Outcome,
+    SendResult,
+    key_digest,
+    parse_retry_after,
+)
+from leasebox.delivery.providers.mail_api import KEY_HEADER, read_endpoint, read_sender
 from leasebox.delivery.providers.urls import parse_provider_url
 from leasebox.errors import (
     ConfigurationError,

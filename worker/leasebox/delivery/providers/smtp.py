@@ -43,6 +43,7 @@ from leasebox.delivery.providers.base import (
     Slots,
     derived_message_id,
     one_line,
+    sender_domain,
 )
 from leasebox.delivery.providers.mime import build_mime
 from leasebox.delivery.providers.smtp_wire import (
@@ -95,6 +96,11 @@ class SmtpSettings:
     @property
     def envelope_sender(self) -> str:
         return _envelope_sender(self.sender)
+
+    @property
+    def message_id_domain(self) -> str:
+        """The sender's domain: the right side of every Message-ID this provider writes."""
+        return sender_domain(self.sender)
 
 
 @lru_cache(maxsize=16)
@@ -150,7 +156,7 @@ class SmtpProvider:
             raise TransientProviderError("closed", "the SMTP provider is closed")
         # The address on the wire and the Message-ID serve both the message and its envelope.
         recipient = wire_address(email.recipient)
-        message_id = derived_message_id(email.delivery_key)
+        message_id = derived_message_id(email.delivery_key, self.settings.message_id_domain)
         try:
             message = build_mime(
                 email, self.settings.sender, recipient=recipient, message_id=message_id
