@@ -199,3 +199,54 @@ def test_enqueue_accepts_the_kinds_and_templates_the_workers_are_given(
     assert (by_flags.returncode, by_variables.returncode) == (0, 0), by_flags.stderr
     with psycopg.connect(db_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM leasebox.outbox").fetchone() == (2,)
+
+
+def schema_exists(dsn: str, schema: str = "leasebox") -> bool:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT to_regnamespace(%s) IS NOT NULL", (schema,)).fetchone()
+    return bool(row and row[0])
+
+
+def test_migrate_check_exits_1_naming_what_is_pending_and_applies_nothing(
+    empty_db_dsn: str,
+) -> None:
+    pending = run("migrate", "--dsn", empty_db_dsn, "--check")
+    assert pending.returncode == 1
+    [line] = pending.stderr.splitlines()
+    assert line.startswith(
+        "leasebox migrate: error: the leasebox schema 'leasebox' is not migrated"
+    )
+    assert "0001_initial" in line
+    assert line.endswith("run `leasebox migrate --schema leasebox`")
+    assert not schema_exists(empty_db_dsn)
+
+    assert run("migrate", "--dsn", empty_db_dsn).returncode == 0
+    current = run("migrate", "--dsn", empty_db_dsn, "--check")
+    assert current.returncode == 0, current.stderr
+    assert current.stdout.startswith("schema leasebox is up to date")
+
+
+def test_migrate_check_names_the_one_migration_a_schema_lacks(empty_db_dsn: str) -> None:
+    run("migrate", "--dsn", empty_db_dsn)
+    with psycopg.connect(empty_db_dsn) as conn:
+        row = conn.execute(
+            "DELETE FROM leasebox.schema_migrations WHERE version ="
+            " (SELECT max(version) FROM leasebox.schema_migrations) RETURNING version, name"
+        ).fetchone()
+    assert row is not None
+    result = run("migrate", "--dsn", empty_db_dsn, "--check")
+    assert result.returncode == 1
+    assert f"1 migration(s) pending: {row[0]:04d}_{row[1]};" in result.stderr
+
+
+def test_migrate_plan_prints_the_sql_it_would_run_and_applies_nothing(empty_db_dsn: str) -> None:
+    plan = run("migrate", "--dsn", empty_db_dsn, "--plan", "--schema", "mail")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.startswith("-- 0001_initial\n")
+    assert (
+        'CREATE TABLE "mail".' in plan.stdout or 'CREATE TABLE IF NOT EXISTS "mail".' in plan.stdout
+    )
+    assert not schema_exists(empty_db_dsn, "mail")
+    run("migrate", "--dsn", empty_db_dsn, "--schema", "mail")
+    after = run("migrate", "--dsn", empty_db_dsn, "--plan", "--schema", "mail")
+    assert after.stdout == "-- schema mail is up to date: nothing to apply\n"

@@ -22,6 +22,18 @@ def register(subparsers: Any) -> None:
         "an advisory lock serialises them.",
     )
     add_database_options(migrate)
+    looking = migrate.add_mutually_exclusive_group()
+    looking.add_argument(
+        "--check",
+        action="store_true",
+        help="apply nothing; exit 1 if a migration is pending (for a deploy pipeline), 0 if "
+        "the schema is up to date",
+    )
+    looking.add_argument(
+        "--plan",
+        action="store_true",
+        help="apply nothing; print each pending migration and the SQL it would run",
+    )
     migrate.set_defaults(func=run_migrate)
 
     enqueue = subparsers.add_parser(
@@ -85,6 +97,8 @@ def run_migrate(args: argparse.Namespace) -> int:
     from leasebox.db.migrations import migrate
 
     dsn = resolve_dsn(args.dsn)
+    if args.check or args.plan:
+        return _look_at_migrations(dsn, args.schema, plan=args.plan)
     applied = migrate(dsn, args.schema)
     target = redact_dsn(dsn)
     if applied:
@@ -92,6 +106,40 @@ def run_migrate(args: argparse.Namespace) -> int:
             print(f"applied {migration.version:04d}_{migration.name} to {args.schema} ({target})")
     else:
         print(f"schema {args.schema} is up to date ({target})")
+    return 0
+
+
+def _look_at_migrations(dsn: str, schema: str, *, plan: bool) -> int:
+    """`migrate --check` and `--plan`: what `migrate` would apply, applying nothing."""
+    from leasebox.db.connections import connect
+    from leasebox.db.migrations import applied_versions, expected_schema_version, pending_migrations
+    from leasebox.db.queries import compose
+    from leasebox.errors import NotMigrated
+
+    with connect(dsn, autocommit=True) as conn:
+        pending = pending_migrations(conn, schema)
+        newest = max(applied_versions(conn, schema), default=0)
+        if plan:
+            for migration in pending:
+                print(f"-- {migration.version:04d}_{migration.name}")
+                print(compose(migration.text(), schema).as_string(conn).strip() + "\n")
+    names = [f"{m.version:04d}_{m.name}" for m in pending]
+    if plan:
+        print(
+            f"-- {len(names)} migration(s) pending for schema {schema}"
+            if names
+            else f"-- schema {schema} is up to date: nothing to apply"
+        )
+        return 0
+    if names:
+        raise NotMigrated(schema, f"{len(names)} migration(s) pending: {', '.join(names)}")
+    if newest > expected_schema_version():
+        print(
+            f"schema {schema} is at version {newest}, newer than this release's "
+            f"{expected_schema_version()}: nothing to apply"
+        )
+    else:
+        print(f"schema {schema} is up to date (version {newest})")
     return 0
 
 
