@@ -243,9 +243,7 @@ def test_migrate_plan_prints_the_sql_it_would_run_and_applies_nothing(empty_db_d
     plan = run("migrate", "--dsn", empty_db_dsn, "--plan", "--schema", "mail")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.startswith("-- 0001_initial\n")
-    assert (
-        'CREATE TABLE "mail".' in plan.stdout or 'CREATE TABLE IF NOT EXISTS "mail".' in plan.stdout
-    )
+    assert 'CREATE TABLE "mail".outbox (' in plan.stdout
     assert not schema_exists(empty_db_dsn, "mail")
     run("migrate", "--dsn", empty_db_dsn, "--schema", "mail")
     after = run("migrate", "--dsn", empty_db_dsn, "--plan", "--schema", "mail")
