@@ -380,3 +380,20 @@ def test_a_schema_older_than_the_image_is_refused_before_anything_is_claimed(
     assert (code, len(lines)) == (1, 1)
     assert "is not migrated" in lines[0]
     assert f"this image needs {expected_schema_version()}" in lines[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_a_schema_newer_than_the_image_is_served_as_the_upgrade_guide_promises(
+    db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/upgrading.md: the schema goes first, and workers of the release before keep
+    # working on it while the new ones roll out.
+    from leasebox.db.migrations import expected_schema_version
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO leasebox.schema_migrations (version, name) VALUES (%s, 'next')",
+                     (expected_schema_version() + 1,))  # fmt: skip
+    code, _ = run_cli(
+        ["--dsn", db_dsn, "--provider", "null://", "--drain", "--metrics-port", "0"], capsys
+    )
+    assert code == 0
