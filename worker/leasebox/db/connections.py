@@ -98,7 +98,7 @@ def redact_dsn(dsn: str) -> str:
     """The DSN with its password replaced, safe for logs and error messages."""
     try:
         params = conninfo.conninfo_to_dict(libpq_dsn(dsn))
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, ConfigurationError):
         return "<unparseable DSN>"
     if "password" in params:
         params["password"] = "***"  # noqa: S105 - the placeholder that replaces it
@@ -109,7 +109,7 @@ def describe_target(dsn: str) -> str:
     """`host:port/dbname` of a DSN, for one-line errors."""
     try:
         params = conninfo.conninfo_to_dict(libpq_dsn(dsn))
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, ConfigurationError):
         return "<unparseable DSN>"
     host = str(params.get("host") or "local socket")
     port = str(params.get("port") or "5432")
