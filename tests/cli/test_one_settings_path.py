@@ -60,7 +60,10 @@ def test_migrate_creates_the_schema_the_environment_names(
 def test_enqueue_status_and_trace_act_on_the_schema_the_environment_names(
     tenant_b: str, db_conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["enqueue", "--kind", "verification", "--recipient", "ada@example.com"])
+    link = '{"link": "https://example.com/v/1"}'
+    code = main(
+        ["enqueue", "--kind", "verification", "--recipient", "ada@example.com", "--data", link]
+    )
     receipt = json.loads(capsys.readouterr().out)
     assert code == 0
     assert [count(db_conn, "outbox", schema=s) for s in TENANTS] == [0, 1]

@@ -12,7 +12,7 @@ from leasebox import OutboxMessage, enqueue
 from leasebox.db.partitions import ensure_partitions, list_partitions
 from leasebox.db.queries import query
 from leasebox.store.backlog import fetch_backlog, fetch_backlog_async
-from support.outbox_rows import insert_message
+from support.outbox_rows import SEALING, insert_message, otp
 from support.plans import (
     analyze,
     full_scans,
@@ -65,14 +65,10 @@ def plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> An
 
 def test_backlog_counts_states_and_ages(db_conn: psycopg.Connection[Any]) -> None:
     now = datetime.now(UTC)
-    enqueue(db_conn, OutboxMessage(kind="otp", recipient="a@example.com"))
-    enqueue(
-        db_conn,
-        OutboxMessage(
-            kind="otp", recipient="b@example.com", available_at=now + timedelta(minutes=5)
-        ),
-    )
-    enqueue(db_conn, OutboxMessage(kind="invite", recipient="c@example.com"))
+    enqueue(db_conn, otp("a@example.com"), cipher=SEALING)
+    enqueue(db_conn, otp("b@example.com", available_at=now + timedelta(minutes=5)), cipher=SEALING)
+    invitation = {"inviter": "Ada", "link": "https://example.com/i/1"}
+    enqueue(db_conn, OutboxMessage(kind="invite", recipient="c@example.com", data=invitation))
     db_conn.execute(
         "UPDATE leasebox.queue SET created_at = now() - interval '30 seconds',"
         " available_at = now() - interval '20 seconds'"
@@ -134,7 +130,7 @@ def test_the_send_rate_counts_the_windows_sends_of_the_messages_of_the_last_day(
 
 async def test_the_async_backlog_matches_the_sync_one(db_dsn: str) -> None:
     with psycopg.connect(db_dsn) as conn:
-        enqueue(conn, OutboxMessage(kind="otp", recipient="a@example.com"))
+        enqueue(conn, otp("a@example.com"), cipher=SEALING)
         conn.commit()
         sync = fetch_backlog(conn, ["otp"])
     async with await psycopg.AsyncConnection.connect(db_dsn) as conn:

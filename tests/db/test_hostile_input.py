@@ -18,15 +18,21 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from leasebox import InvalidRequest, enqueue, enqueue_async, enqueue_many
+from leasebox import InvalidMessage, InvalidRequest, enqueue, enqueue_async, enqueue_many
 from leasebox.cli.main import main
 from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.messages import MAX_DATA_DEPTH, MAX_KEY_LENGTH, OutboxMessage, register_lazy_json
-from leasebox.producer.payload_crypto import PayloadCipher
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE, PayloadCipher
 from leasebox.runtime.worker import Worker
 from support.fault_rig import SETTINGS
 from support.outbox_rows import count, insert_message, otp
 from support.worker_doubles import ScriptedProvider
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")  # the OTP's code is a secret
+
 
 HOSTILE = {
     "too long": "k" * 3000,
@@ -78,7 +84,7 @@ def test_a_hostile_key_is_refused_before_any_statement_and_the_transaction_goes_
         pytest.skip("an empty scope is the default scope")
     options: dict[str, Any] = {"idempotency_key": "request-1", argument: key}
     with pytest.raises(InvalidRequest) as caught:
-        enqueue(business, otp(secrets={}), **options)
+        enqueue(business, otp(), **options)
     assert isinstance(caught.value, ValueError)
     text = str(caught.value)
     assert argument.replace("_", " ") in text
@@ -92,16 +98,14 @@ def test_a_hostile_key_is_refused_before_any_statement_and_the_transaction_goes_
 
 def test_a_key_at_the_limit_is_accepted(business: psycopg.Connection[Any]) -> None:
     key = "k" * MAX_KEY_LENGTH
-    receipt = enqueue(business, otp(secrets={}), idempotency_key=key, scope="s" * MAX_KEY_LENGTH)
+    receipt = enqueue(business, otp(), idempotency_key=key, scope="s" * MAX_KEY_LENGTH)
     business.commit()
     assert receipt.idempotency_key == key
 
 
 def test_a_batch_with_a_hostile_key_is_refused_whole(business: psycopg.Connection[Any]) -> None:
     with pytest.raises(InvalidRequest, match="idempotency key #1"):
-        enqueue_many(
-            business, [otp(secrets={}), otp(secrets={})], idempotency_keys=["ok", "k" * 3000]
-        )
+        enqueue_many(business, [otp(), otp()], idempotency_keys=["ok", "k" * 3000])
     business.commit()
     assert count(business, "outbox") == 0
 
@@ -109,7 +113,7 @@ def test_a_batch_with_a_hostile_key_is_refused_whole(business: psycopg.Connectio
 async def test_the_async_enqueue_refuses_a_hostile_key_too(db_dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(db_dsn) as conn:
         with pytest.raises(InvalidRequest):
-            await enqueue_async(conn, otp(secrets={}), idempotency_key="k\x00")
+            await enqueue_async(conn, otp(), idempotency_key="k\x00")
         await conn.execute("SELECT 1")  # the transaction is still usable
 
 
@@ -140,9 +144,11 @@ def test_the_trace_command_refuses_a_key_it_cannot_look_up_in_one_line(
 def test_data_nested_deeper_than_the_limit_is_refused_with_the_field_named() -> None:
     OutboxMessage(kind="otp", recipient="ada@example.com", data=nested(MAX_DATA_DEPTH - 1))
     for depth in (MAX_DATA_DEPTH + 1, 5000):
-        with pytest.raises(ValidationError) as caught:
+        with pytest.raises(InvalidMessage) as caught:
             OutboxMessage(kind="otp", recipient="ada@example.com", data=nested(depth))
-        [error] = caught.value.errors()
+        assert caught.value.field == "data"
+        assert isinstance(caught.value.__cause__, ValidationError)
+        [error] = caught.value.__cause__.errors()
         assert error["loc"] == ("data",)
         assert "nested" in error["msg"]
 

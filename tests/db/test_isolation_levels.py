@@ -21,7 +21,14 @@ from psycopg import IsolationLevel
 from psycopg.errors import SerializationFailure
 
 from leasebox import AbuseGuard, RateLimited, enqueue
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from support.outbox_rows import count, otp
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")  # the OTP's code is a secret
+
 
 LEVELS = [
     pytest.param(IsolationLevel.READ_COMMITTED, id="read-committed"),
@@ -76,7 +83,7 @@ def challenges(db_conn: psycopg.Connection[Any]) -> None:
 def guarded_request(guard: AbuseGuard, **enqueue_options: Any) -> Callable[..., str]:
     def request(conn: psycopg.Connection[Any]) -> str:
         try:
-            enqueue(conn, otp(secrets={}), guard=guard, **enqueue_options)
+            enqueue(conn, otp(), guard=guard, **enqueue_options)
         except RateLimited:
             return "limited"
         return "accepted"
@@ -143,7 +150,7 @@ def test_concurrent_requests_with_one_idempotency_key_make_one_send_at_every_iso
     db_dsn: str, db_conn: psycopg.Connection[Any], level: IsolationLevel
 ) -> None:
     def request(conn: psycopg.Connection[Any]) -> str:
-        receipt = enqueue(conn, otp(secrets={}), idempotency_key="request-1", scope="login")
+        receipt = enqueue(conn, otp(), idempotency_key="request-1", scope="login")
         return "reused" if receipt.reused else "new"
 
     answers = racing_requests(db_dsn, level, request)

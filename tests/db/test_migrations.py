@@ -8,7 +8,7 @@ from datetime import datetime
 import psycopg
 import pytest
 
-from leasebox import OutboxMessage, enqueue
+from leasebox import enqueue
 from leasebox.db.migrations import (
     applied_versions,
     apply_canonical_schema,
@@ -17,6 +17,7 @@ from leasebox.db.migrations import (
 )
 from leasebox.db.queries import compose
 from leasebox.errors import ConfigurationError
+from support.outbox_rows import SEALING, otp
 from support.schema_catalog import describe_schema
 
 
@@ -200,7 +201,7 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
             "SELECT (SELECT count(*) FROM leasebox.receipts_default)"
             " + (SELECT count(*) FROM leasebox.outbox_default)"
         ).fetchone()
-        fresh = enqueue(conn, OutboxMessage(kind="otp", recipient="f@x.io"))
+        fresh = enqueue(conn, otp("f@x.io"), cipher=SEALING)
     assert found == {
         "pending": (before["pending"], "pending", 0, None, None, None),
         "held": (before["held"], "processing", 1, "w1", None, None),

@@ -25,7 +25,7 @@ from leasebox.db.partitions import (
 )
 from leasebox.store.pruning import prune
 from support.history import add_history, histories
-from support.outbox_rows import insert_message, insert_receipt, otp
+from support.outbox_rows import SEALING, insert_message, insert_receipt, otp
 
 
 def sent_message(conn: psycopg.Connection[Any], key: str, at: datetime) -> int:
@@ -186,7 +186,7 @@ def test_a_kept_message_takes_its_history_and_stays_findable_by_its_receipt(
         "dead",
     )
     prune(db_conn, retention_seconds=7 * 86400)
-    again = enqueue(db_conn, otp(delivery_key="otp:k1", secrets={}), idempotency_key="r1")
+    again = enqueue(db_conn, otp(delivery_key="otp:k1"), idempotency_key="r1", cipher=SEALING)
     db_conn.commit()
 
     assert (again.outbox_id, again.reused) == (outbox_id, True)

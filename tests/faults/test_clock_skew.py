@@ -18,7 +18,14 @@ import pytest
 
 from leasebox import AlreadyExpired, enqueue, enqueue_many
 from leasebox import messages as messages_module
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from support.outbox_rows import count, otp
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")  # the OTP's code is a secret
+
 
 SKEW = timedelta(seconds=120)
 
@@ -42,7 +49,7 @@ def behind(monkeypatch: pytest.MonkeyPatch) -> datetime:
 def test_a_message_already_expired_on_the_database_clock_is_refused_and_nothing_written(
     db_conn: psycopg.Connection[Any], behind: datetime
 ) -> None:
-    message = otp(secrets={}, expires_at=behind + timedelta(seconds=60))
+    message = otp(expires_at=behind + timedelta(seconds=60))
     with pytest.raises(AlreadyExpired) as caught:
         enqueue(db_conn, message, idempotency_key="login-1")
     assert isinstance(caught.value, ValueError)
@@ -55,7 +62,7 @@ def test_a_message_already_expired_on_the_database_clock_is_refused_and_nothing_
 def test_a_message_still_valid_on_the_database_clock_is_written(
     db_conn: psycopg.Connection[Any], behind: datetime
 ) -> None:
-    enqueue(db_conn, otp(secrets={}, expires_at=behind + timedelta(seconds=600)))
+    enqueue(db_conn, otp(expires_at=behind + timedelta(seconds=600)))
     db_conn.commit()
     assert count(db_conn, "outbox") == 1
 
@@ -64,8 +71,8 @@ def test_a_batch_with_a_message_already_expired_is_refused_whole(
     db_conn: psycopg.Connection[Any], behind: datetime
 ) -> None:
     batch = [
-        otp(secrets={}, expires_at=behind + timedelta(seconds=600)),
-        otp("bob@example.com", secrets={}, expires_at=behind + timedelta(seconds=60)),
+        otp(expires_at=behind + timedelta(seconds=600)),
+        otp("bob@example.com", expires_at=behind + timedelta(seconds=60)),
     ]
     with pytest.raises(AlreadyExpired, match="#1"):
         enqueue_many(db_conn, batch)

@@ -30,9 +30,16 @@ from leasebox.db.partitions import (
     list_partitions,
 )
 from leasebox.errors import DatabaseError
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from leasebox.store.pruning import PruneResult, prune
 from support.outbox_rows import insert_message, otp
 from support.waiting import wait_for, waiting_on_a_lock
+
+
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")  # the OTP's code is a secret
+
 
 MONTH = 30 * 86400.0
 WEEK = 7 * 86400.0
@@ -41,7 +48,7 @@ WEEK = 7 * 86400.0
 def long_lived_receipt(conn: psycopg.Connection[Any], key: str, ttl: float = MONTH) -> None:
     """A request whose receipt lives a month: it expires on a day further out than the days
     made ahead, so it lands in the receipts' default partition until that day has its own."""
-    enqueue(conn, otp(secrets={}), idempotency_key=key, receipt_ttl_seconds=ttl)
+    enqueue(conn, otp(), idempotency_key=key, receipt_ttl_seconds=ttl)
 
 
 def more_written(written: Sized, at_least: int) -> Callable[[], bool]:
@@ -100,7 +107,7 @@ def test_partitions_are_made_ahead_of_the_longest_receipt_ttl_in_use(
     for n, key in enumerate(("next-day", "longer")):
         enqueue(
             db_conn,
-            otp(secrets={}),
+            otp(),
             idempotency_key=key,
             receipt_ttl_seconds=MONTH + (n + 1) * 86400,
         )
@@ -180,7 +187,7 @@ def test_days_are_attached_while_producers_keep_writing_to_the_default_partition
                 while not stop.is_set():
                     key = f"p{n}-{len(written)}"
                     ttl = ttl_days[-1] * 86400.0
-                    enqueue(conn, otp(secrets={}), idempotency_key=key, receipt_ttl_seconds=ttl)
+                    enqueue(conn, otp(), idempotency_key=key, receipt_ttl_seconds=ttl)
                     conn.commit()
                     written.append(n)
         except BaseException as exc:  # asserted below
@@ -227,7 +234,7 @@ def prune_week(dsn: str) -> PruneResult:
 def test_prune_never_deadlocks_with_a_request_that_reuses_its_receipt(
     db_dsn: str, db_conn: psycopg.Connection[Any]
 ) -> None:
-    first = enqueue(db_conn, otp(secrets={}), idempotency_key="retried", scope="login")
+    first = enqueue(db_conn, otp(), idempotency_key="retried", scope="login")
     db_conn.commit()
     sent_days_ago(db_conn, 9, 3)  # and every partition made: prune goes straight to the drop
     with psycopg.connect(db_dsn) as producer, ThreadPoolExecutor(1) as retention:
@@ -242,7 +249,7 @@ def test_prune_never_deadlocks_with_a_request_that_reuses_its_receipt(
         # Prune asks for the tables in the request's order (receipts first): it holds none
         # that the request needs, so the request never waits for it at all.
         producer.execute("SET LOCAL lock_timeout = '10ms'")
-        again = enqueue(producer, otp(secrets={}), idempotency_key="retried", scope="login")
+        again = enqueue(producer, otp(), idempotency_key="retried", scope="login")
         producer.commit()
         result = pruned.result(timeout=60)
     assert (again.outbox_id, again.reused) == (first.outbox_id, True)
@@ -254,7 +261,7 @@ def test_producers_retrying_requests_and_prunes_run_against_each_other_without_a
 ) -> None:
     keys = [f"request-{n}" for n in range(6)]
     for key in keys:
-        enqueue(db_conn, otp(secrets={}), idempotency_key=key, scope="login")
+        enqueue(db_conn, otp(), idempotency_key=key, scope="login")
     db_conn.commit()
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -266,8 +273,8 @@ def test_producers_retrying_requests_and_prunes_run_against_each_other_without_a
                 while not stop.is_set():
                     key = keys[len(requests) % len(keys)]
                     conn.execute("INSERT INTO leasebox_app_log DEFAULT VALUES")
-                    enqueue(conn, otp(secrets={}), idempotency_key=key, scope="login")
-                    enqueue(conn, otp(f"n{n}@example.com", secrets={}))
+                    enqueue(conn, otp(), idempotency_key=key, scope="login")
+                    enqueue(conn, otp(f"n{n}@example.com"))
                     conn.commit()
                     requests.append(key)
         except BaseException as exc:  # asserted below
@@ -334,7 +341,7 @@ def test_prune_moves_the_rows_it_keeps_without_stopping_writers_and_never_moves_
     sent_days_ago(db_conn, 9, 3)
     with psycopg.connect(db_dsn) as producer:
         # A request in flight holds the tables for longer than prune waits for them.
-        enqueue(producer, otp(secrets={}), idempotency_key="in-flight")
+        enqueue(producer, otp(), idempotency_key="in-flight")
         with pytest.raises(DatabaseError, match="nothing was dropped"):
             prune_week(db_dsn)
         # The dead letters were moved out of their day all the same, by transactions of their

@@ -410,3 +410,20 @@ def test_a_worker_started_on_a_newer_schema_says_so_in_its_log_and_on_readyz(
     assert f"{said}{expected_schema_version()}" in readiness
     warnings = [json.loads(line) for line in err.splitlines() if said in line]
     assert [w["level"] for w in warnings] == ["warning"]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_a_schema_newer_than_the_image_is_served_as_the_upgrade_guide_promises(
+    db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/upgrading.md: the schema goes first, and workers of the release before keep
+    # working on it while the new ones roll out.
+    from leasebox.db.migrations import expected_schema_version
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO leasebox.schema_migrations (version, name) VALUES (%s, 'next')",
+                     (expected_schema_version() + 1,))  # fmt: skip
+    code, _ = run_cli(
+        ["--dsn", db_dsn, "--provider", "null://", "--drain", "--metrics-port", "0"], capsys
+    )
+    assert code == 0

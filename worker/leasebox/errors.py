@@ -12,6 +12,7 @@ figures a caller needs and never a secret, a password or a message body.
     │   ├── DatabaseUnavailable   unreachable, or refused the connection
     │   └── NotMigrated           the schema is missing or older than this version
     ├── RequestRefused            the producer API refused a request; nothing was written
+    │   ├── InvalidMessage        a field is malformed, or names what is not registered
     │   ├── IdempotencyConflict   the key was used for a different request (HTTP 422)
     │   │   └── BatchConflict     some messages of an `enqueue_many` batch did so
     │   ├── RateLimited           the abuse guard's limit is reached (HTTP 429)
@@ -85,6 +86,30 @@ class NotMigrated(DatabaseError):
 
 class RequestRefused(LeaseboxError):
     """The producer API refused a request; nothing was written."""
+
+
+class InvalidMessage(RequestRefused):
+    """A message that cannot be sent as given; nothing was written.
+
+    Raised by `OutboxMessage` for a malformed field (the pydantic `ValidationError` is the
+    `__cause__`) and by `enqueue` for a kind, a template or a template variable the
+    application has not registered. The message is one line that names the field and never
+    quotes the refused value, which may be a secret. `field` is that field (`recipient`,
+    `secrets.code`, `template`); `fields` every field refused, the first one first.
+    """
+
+    exit_code = 2
+    MAX_LISTED = 10
+
+    def __init__(self, field: str, problem: str, *, others: Sequence[str] = ()) -> None:
+        listed = ", ".join(others[: self.MAX_LISTED]) + (
+            ", …" if len(others) > self.MAX_LISTED else ""
+        )
+        more = f" (and {len(others)} more: {listed})" if others else ""
+        super().__init__(f"invalid message: {field}: {problem}{more}")
+        self.field = field
+        self.problem = problem
+        self.fields = (field, *others)
 
 
 class IdempotencyConflict(RequestRefused):

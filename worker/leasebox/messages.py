@@ -33,12 +33,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
 
-from leasebox.errors import InvalidRequest, UnreadableData
+from leasebox.errors import InvalidMessage, InvalidRequest, UnreadableData
 
 BUILTIN_KINDS = ("otp", "verification", "password_reset", "invite")
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
@@ -167,7 +169,31 @@ def _unstorable_strings(value: Any) -> bool:
     return False
 
 
-Kind = Annotated[str, StringConstraints(pattern=KIND_PATTERN)]
+def refusal(exc: ValidationError) -> InvalidMessage:
+    """pydantic's report as one line naming the first field refused (and how many more).
+
+    Only the field's path and pydantic's description of the problem are kept: with
+    `hide_input_in_errors` neither quotes the value, which may be a secret.
+    """
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    fields: list[str] = []
+    for error in errors:
+        name = ".".join(str(part) for part in error["loc"]) or "message"
+        if name not in fields:
+            fields.append(name)
+    problem = " ".join(str(errors[0]["msg"]).removeprefix("Value error, ").split())
+    return InvalidMessage(fields[0], problem, others=fields[1:])
+
+
+def _check_kind(value: str) -> str:
+    if not re.fullmatch(KIND_PATTERN, value):
+        raise ValueError(
+            "must start with a lower-case letter, then up to 62 lower-case letters, digits or '_'"
+        )
+    return value
+
+
+Kind = Annotated[str, AfterValidator(_check_kind)]
 EmailAddress = Annotated[str, StringConstraints(max_length=300), AfterValidator(_check_email)]
 StorableText = Annotated[str, AfterValidator(_storable_text)]
 
@@ -225,6 +251,23 @@ class OutboxMessage(BaseModel):
             raise ValueError("must be timezone-aware")
         return value
 
+    @field_validator("expires_at")
+    @classmethod
+    def _ahead(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value <= datetime.now(UTC):
+            raise ValueError("is already in the past")
+        return value
+
+    @field_validator("template")
+    @classmethod
+    def _template_name(cls, value: str) -> str:
+        if value and not re.fullmatch(TEMPLATE_PATTERN, value):
+            raise ValueError(
+                "is not a valid template name: lower-case letters, digits, '_' and '-', "
+                "in parts separated by '/'"
+            )
+        return value
+
     @field_validator("delivery_key")
     @classmethod
     def _printable_key(cls, value: str | None) -> str | None:
@@ -236,11 +279,17 @@ class OutboxMessage(BaseModel):
     def _template_defaults_to_kind(self) -> OutboxMessage:
         if not self.template:
             object.__setattr__(self, "template", self.kind)
-        if not re.fullmatch(TEMPLATE_PATTERN, self.template):
-            raise ValueError(f"template {self.template!r} is not a valid template name")
-        if self.expires_at is not None and self.expires_at <= datetime.now(UTC):
-            raise ValueError("expires_at is already in the past")
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_line_errors(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        # pydantic's report spans lines and speaks of pydantic; a caller wants one line
+        # naming the field, and the report itself stays at hand as the cause.
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise refusal(exc) from exc
 
     @property
     def recipient_key(self) -> str:

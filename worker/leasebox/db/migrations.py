@@ -66,6 +66,14 @@ def applied_versions(conn: psycopg.Connection, schema: str) -> set[int]:
     return {int(r[0]) for r in rows}
 
 
+def pending_migrations(conn: psycopg.Connection, schema: str) -> list[Migration]:
+    """The migrations of this release not yet applied to `schema`, in order (all of them
+    for a schema that does not exist); reads only."""
+    validate_schema_name(schema)
+    done = applied_versions(conn, schema)
+    return [m for m in available_migrations() if m.version not in done]
+
+
 def migrate(dsn_or_conn: str | psycopg.Connection, schema: str = "leasebox") -> list[Migration]:
     """Apply every migration not yet applied; return the ones this call applied."""
     validate_schema_name(schema)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 
-from leasebox.delivery.providers.base import derived_message_id, recipient_domain
+from leasebox.delivery.providers.base import key_digest, recipient_domain
 from leasebox.states import DeadReason, Event
 from leasebox.store.history import (
     HistoryEvent,
@@ -189,6 +189,16 @@ def build_trace(
     return Trace(selector, sends)
 
 
+def _message_id(delivery_key: str, events: Sequence[HistoryEvent]) -> str:
+    """The Message-ID an SMTP send of this key wrote, as the history recorded it; its right
+    side is the sender's domain, which only a send knows, so before one it is `…`."""
+    left = f"<{key_digest(delivery_key)}@"
+    for event in events:
+        if event.provider_message_id and event.provider_message_id.startswith(left):
+            return event.provider_message_id
+    return f"{left}…>"
+
+
 def build_story(
     row: TracedRow,
     receipts: Sequence[ReceiptRecord],
@@ -205,7 +215,7 @@ def build_story(
         aggregate_id=row.aggregate_id,
         recipient=row.recipient if show_recipient else mask_recipient(row.recipient),
         delivery_key=row.delivery_key,
-        message_id=derived_message_id(row.delivery_key),
+        message_id=_message_id(row.delivery_key, ordered),
         status=row.status,
         dead_reason=row.dead_reason,
         created_at=row.created_at,

@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from leasebox.catalogue import Catalogue, default_catalogue
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
 from leasebox.errors import (
     AlreadyExpired,
@@ -74,6 +75,7 @@ def _prepare(
     receipt_ttl_seconds: float,
     schema: str,
     cipher: PayloadCipher,
+    catalogue: Catalogue | None = None,
 ) -> _Batch:
     if guard is not None:
         raise ConfigurationError(
@@ -84,6 +86,7 @@ def _prepare(
         isinstance(m, OutboxMessage) for m in messages
     ):
         raise TypeError("enqueue_many takes a sequence of OutboxMessage")
+    (default_catalogue() if catalogue is None else catalogue).check_all(messages)
     count = len(messages)
     keys = _per_message(idempotency_keys, count, "idempotency_keys")
     hashes = _per_message(request_hashes, count, "request_hashes")
@@ -264,12 +267,15 @@ def enqueue_many(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> list[Receipt]:
     """Write `messages` to the outbox in the caller's open transaction, in one statement.
 
     `idempotency_keys` (one per message, None for none) and `request_hashes` work as in
     `enqueue`; returns one `Receipt` per message, in input order. Raises `BatchConflict`,
-    having written nothing, when any message reuses a key for a different request.
+    having written nothing, when any message reuses a key for a different request, and
+    `InvalidMessage`, before any SQL, naming every message whose kind, template or required
+    variable the `catalogue` (default: the process-wide one) does not know.
     """
     batch = _prepare(
         messages,
@@ -280,6 +286,7 @@ def enqueue_many(
         receipt_ttl_seconds,
         schema,
         cipher or default_cipher(),
+        catalogue,
     )
     if not batch.slots:
         return []
@@ -311,6 +318,7 @@ async def enqueue_many_async(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> list[Receipt]:
     """`enqueue_many` for an async connection; the same semantics."""
     batch = _prepare(
@@ -322,6 +330,7 @@ async def enqueue_many_async(
         receipt_ttl_seconds,
         schema,
         cipher or default_cipher(),
+        catalogue,
     )
     if not batch.slots:
         return []

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from leasebox.catalogue import Catalogue, default_catalogue
 from leasebox.db.queries import DEFAULT_SCHEMA
 from leasebox.errors import AlreadyExpired, DatabaseError, IdempotencyConflict
 from leasebox.messages import (
@@ -43,12 +44,16 @@ def _plan(
     guard: AbuseGuard | None,
     receipt_ttl_seconds: float,
     cipher: PayloadCipher,
+    catalogue: Catalogue | None,
 ) -> Plan[Receipt]:
     # Before any statement: a key the database would refuse would abort the caller's whole
     # transaction from inside it.
     check_request_key("idempotency_key", idempotency_key)
     check_request_key("scope", scope, empty=True)
     check_request_key("request_hash", request_hash)
+    # Before any statement: a message no worker could send is refused while the caller
+    # still holds the request, not dead-lettered later.
+    (default_catalogue() if catalogue is None else catalogue).check(message)
     scope_name = scope or "default"
     message_hash = message.request_hash()
     fingerprint = request_hash or message_hash
@@ -174,6 +179,7 @@ def plan_enqueue(
     guard: AbuseGuard | None = None,
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Plan[Receipt]:
     """The statements of one `enqueue`, for a runner over another driver (the ORM adapters).
 
@@ -188,6 +194,7 @@ def plan_enqueue(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        catalogue,
     )
 
 
@@ -210,12 +217,15 @@ def enqueue(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Receipt:
     """Write `message` to the outbox in the caller's open transaction; never commits.
 
     With an `idempotency_key`, the same `(scope, key)` returns the first outbox id with
     `reused=True`, and a different request under the same key raises `IdempotencyConflict`.
-    `request_hash` overrides the default fingerprint (e.g. a hash of the HTTP body).
+    `request_hash` overrides the default fingerprint (e.g. a hash of the HTTP body). A kind,
+    template or required variable the `catalogue` (default: the process-wide one) does not
+    know is an `InvalidMessage`, before any SQL.
     """
     plan = _plan(
         message,
@@ -225,6 +235,7 @@ def enqueue(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        catalogue,
     )
     return run(conn, plan, schema)
 
@@ -240,6 +251,7 @@ async def enqueue_async(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Receipt:
     """`enqueue` for an async connection; the same semantics."""
     plan = _plan(
@@ -250,5 +262,6 @@ async def enqueue_async(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        catalogue,
     )
     return await run_async(conn, plan, schema)

@@ -155,7 +155,9 @@ PROVIDER = Option(
     "LEASEBOX_PROVIDER_URL",
     text,
     "",
-    "provider URL: smtp://, smtps://, http(s)://, log://, null:// (required)",
+    "provider URL (required): smtp://, smtps://, http(s)://, a mail service (ses://, "
+    "sendgrid://, postmark://, mailgun://, resend://), log://, null://, or a scheme of the "
+    "leasebox.providers entry-point group",
     Target.PROCESS,
     attribute="provider_url",
 )
@@ -172,7 +174,7 @@ TEMPLATES = Option[Path | None](
     "LEASEBOX_TEMPLATES",
     directory,
     None,
-    "directory whose templates override the built-ins",
+    "directory whose templates override the built-ins file by file, and add others",
     Target.PROCESS,
     metavar="DIR",
     attribute="templates_dir",
@@ -188,14 +190,18 @@ BATCH_SIZE = Option[int | None](
     "most rows per claim statement (default: the concurrency)",
 )
 LEASE_SECONDS = Option(
-    "lease_seconds", "LEASEBOX_LEASE_SECONDS", number, 45.0, "lease length; long sends extend it"
+    "lease_seconds",
+    "LEASEBOX_LEASE_SECONDS",
+    number,
+    45.0,
+    "lease length, seconds; a send running past half of it extends it",
 )
 POLL_INTERVAL = Option(
     "poll_interval",
     "LEASEBOX_POLL_INTERVAL",
     number,
     1.0,
-    "longest idle wait between claims, seconds",
+    "longest idle wait between claims, seconds; LISTEN/NOTIFY wakes a worker sooner",
 )
 LISTEN = Option(
     "listen",
@@ -210,7 +216,7 @@ GRACE = Option(
     "LEASEBOX_GRACE",
     number,
     30.0,
-    "seconds in-flight sends may take after SIGTERM",
+    "seconds in-flight sends may take after SIGTERM; unsent leases are released at once",
     attribute="grace_seconds",
 )
 DRAIN = Option(
@@ -239,7 +245,8 @@ METRICS_PORT = Option(
     "LEASEBOX_METRICS_PORT",
     whole_number,
     9108,
-    "port of /metrics, /healthz, /readyz; 0 = off",
+    "port of /metrics, /healthz (the event loop is alive) and /readyz (database and "
+    "provider reachable, with the reason); 0 = off",
     Target.PROCESS,
 )
 METRICS_HOST = Option(

@@ -33,6 +33,7 @@ from leasebox.db.connections import (
     CONNECT_TIMEOUT,
     POOL_TIMEOUT,
     connection_error,
+    libpq_dsn,
 )
 from leasebox.db.migrations import expected_schema_version
 from leasebox.db.queries import query
@@ -77,6 +78,9 @@ class ProcessConfig:
     event_loop: str = "auto"
     """`auto`, `uvloop` or `asyncio` (`leasebox.runtime.event_loops`); `serve` runs on
     whatever loop it is given and only reports which."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dsn", libpq_dsn(self.dsn))  # SQLAlchemy's spellings too
 
 
 async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> int:

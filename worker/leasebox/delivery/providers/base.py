@@ -23,20 +23,23 @@ Whatever a provider returns or raises is untrusted text: the runtime sanitises a
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from email.utils import parseaddr, parsedate_to_datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from leasebox.errors import PERMANENT, MessageExpired, ProviderError, TransientProviderError
 
 MAX_ERROR_LENGTH = 240
-MESSAGE_ID_DOMAIN = "leasebox"
+# The right side of a derived Message-ID when the sender names no domain (the SMTP default
+# sender is leasebox@localhost).
+FALLBACK_MESSAGE_ID_DOMAIN = "localhost"
 
 
 def _never() -> bool:
@@ -152,14 +155,32 @@ def recipient_domain(address: str) -> str:
     return domain.lower() if at and domain else "?"
 
 
-def derived_message_id(delivery_key: str, domain: str = MESSAGE_ID_DOMAIN) -> str:
-    """A Message-ID that is the same on every retry of one logical send.
+def key_digest(delivery_key: str) -> str:
+    """The hex digest that stands for a delivery key in headers (the Message-ID's left side,
+    `X-Leasebox-Key`, tags): nothing about the aggregate leaks into them."""
+    return hashlib.sha256(delivery_key.encode()).hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=64)
+def sender_domain(sender: str) -> str:
+    """The domain of a sender (`Example <no-reply@Example.com>` -> `example.com`), in its
+    lower-case ASCII form, or `localhost` when it has none: a Message-ID's right side."""
+    _, at, domain = parseaddr(sender)[1].rpartition("@")
+    try:
+        ascii_form = domain.encode("idna").decode("ascii").lower() if at and domain else ""
+    except UnicodeError:
+        ascii_form = ""
+    return ascii_form or FALLBACK_MESSAGE_ID_DOMAIN
+
+
+def derived_message_id(delivery_key: str, domain: str = FALLBACK_MESSAGE_ID_DOMAIN) -> str:
+    """A Message-ID that is the same on every retry of one logical send, on `domain` (the
+    sender's: some filters score an id whose right side is not a domain).
 
     Mail systems that deduplicate by Message-ID then drop the duplicate that a lost lease can
     cause; the key itself is hashed so that nothing about the aggregate leaks into headers.
     """
-    digest = hashlib.sha256(delivery_key.encode()).hexdigest()[:32]
-    return f"<{digest}@{domain}>"
+    return f"<{key_digest(delivery_key)}@{domain}>"
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
