@@ -172,7 +172,8 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
             ).fetchall()
         )
 
-    assert [m.version for m in migrate(empty_db_dsn)] == [4]
+    later = [m.version for m in available_migrations() if m.version > 3]
+    assert [m.version for m in migrate(empty_db_dsn)] == later
 
     with psycopg.connect(empty_db_dsn) as conn:
         found = {
@@ -227,7 +228,7 @@ def migrate_to(dsn: str, version: int) -> list[int]:
             "CREATE TABLE leasebox.schema_migrations (version integer PRIMARY KEY,"
             " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        for migration in available_migrations()[:version]:
+        for migration in (m for m in available_migrations() if m.version <= version):
             with conn.transaction():
                 conn.execute(compose(migration.text(), "leasebox"))
                 conn.execute(

@@ -169,3 +169,22 @@ def test_the_adapters_take_the_keyword_arguments_of_leasebox_enqueue(adapter: An
 
     assert keywords(leasebox.enqueue) <= keywords(adapter)
     assert keywords(adapter) - keywords(leasebox.enqueue) <= {"using"}
+
+
+def test_a_resent_code_supersedes_the_pending_one_through_every_orm(
+    orm_producer: Producer, db_dsn: str
+) -> None:
+    old = orm_producer.enqueue(otp(replacement_key="challenge-7"))
+    orm_producer.commit()
+
+    new = orm_producer.enqueue(otp(replacement_key="challenge-7"))
+    orm_producer.commit()
+
+    with psycopg.connect(db_dsn) as observer:
+        found = observer.execute(
+            "SELECT id, status, superseded_by FROM leasebox.messages ORDER BY id"
+        ).fetchall()
+    assert found == [
+        (old.outbox_id, "superseded", new.outbox_id),
+        (new.outbox_id, "pending", None),
+    ]

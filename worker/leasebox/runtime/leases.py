@@ -38,6 +38,8 @@ class Held:
     claimed_at: float
     deadline: float
     lost: bool = False
+    # The newer message of its replacement key, once a check before the wire found one.
+    superseded_by: int | None = None
 
     @property
     def lease(self) -> LeaseRef:

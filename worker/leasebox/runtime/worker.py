@@ -52,7 +52,7 @@ from leasebox.delivery.retrying import (
     retry_delay,
     should_retry,
 )
-from leasebox.errors import PERMANENT
+from leasebox.errors import PERMANENT, TRANSIENT
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
@@ -65,7 +65,7 @@ from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason
 from leasebox.store import claiming
 from leasebox.store.claiming import ClaimedMessage, Cursor
-from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
+from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement, Superseded
 
 log = logging.getLogger("leasebox.worker")
 
@@ -84,6 +84,11 @@ RESCAN_SECONDS = 1.0
 _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 _MISSING_MESSAGE = Failure(
     PERMANENT, MISSING_MESSAGE_CODE, "its message is missing from the outbox: nothing to send"
+)
+_UNCHECKED = Failure(
+    TRANSIENT,
+    "supersession_check",
+    "could not check for a newer message of its replacement key: not sent",
 )
 
 
@@ -471,6 +476,8 @@ class Worker:
         except Exception as exc:
             self._failed(held, classify(exc))
             return
+        if message.replacement_key is not None and await self._replaced(held):
+            return
         metrics = self.metrics
         metrics.sending += 1
         started = time.monotonic()
@@ -489,10 +496,42 @@ class Worker:
                 log.warning("accepted, but %s", warning, extra=message_fields(message))
             self._outcome(held, Sent(held.lease, outcome.provider_message_id))
             return
-        # A send refused as expired before it reached the wire made no provider request.
-        made = None if outcome.code == EXPIRED_CODE else outcome.outcome
+        # A send stopped as expired or superseded before it reached the wire made no request.
+        replaced = held.superseded_by
+        made = None if outcome.code == EXPIRED_CODE or replaced is not None else outcome.outcome
         metrics.record_send(message.kind, self._provider_name, made, elapsed)
+        if replaced is not None:
+            self._outcome(held, Superseded(held.lease, replaced))
+            return
         self._failed(held, outcome)
+
+    async def _replaced(self, held: Held) -> bool:
+        """Whether the held message was settled unsent because a newer message of its key
+        replaced it (or that could not be checked): the worker's own check before it hands
+        the message to the provider, which checks again after its own waits."""
+        try:
+            newer = await self._newer(held)
+        except DATABASE_ERRORS:
+            self._failed(held, _UNCHECKED)
+            return True
+        if newer is None:
+            return False
+        self._outcome(held, Superseded(held.lease, newer))
+        return True
+
+    async def _newer(self, held: Held) -> int | None:
+        """The newer message of the held message's replacement key, if one has been
+        committed (as the database says now); remembered on the held row."""
+        async with asyncio.timeout(STATEMENT_TIMEOUT), self._pool.connection() as conn:
+            schema = self.settings.schema
+            newer = await claiming.newer_replacement(conn, held.message, schema=schema)
+        if newer is not None:
+            held.superseded_by = newer
+        return newer
+
+    async def _superseded(self, held: Held) -> bool:
+        """The provider's check right before the wire (`Email.superseded`)."""
+        return await self._newer(held) is not None
 
     def _expired(self, held: Held) -> bool:
         """Whether the row's `expires_at` has passed, on the database's clock: checked before
@@ -518,6 +557,7 @@ class Worker:
             rendered.html,
             message.attempts,
             lambda: self._expired(held),
+            None if message.replacement_key is None else lambda: self._superseded(held),
         )
 
     def _db_now(self, held: Held) -> datetime:

@@ -55,6 +55,8 @@ class ClaimedMessage(NamedTuple):
     claimed_at: datetime
     # Where the row stood in the ready index: a worker's cursor for its next claim.
     available_at: datetime
+    # Messages of one replacement key replace one another (None: nothing replaces this one).
+    replacement_key: str | None = None
 
     @property
     def lease(self) -> LeaseRef:
@@ -68,7 +70,7 @@ class ClaimedMessage(NamedTuple):
             f"max_attempts={self.max_attempts!r}, expires_at={self.expires_at!r}, "
             f"lease_token={self.lease_token!r}, lease_expires_at={self.lease_expires_at!r}, "
             f"created_at={self.created_at!r}, claimed_at={self.claimed_at!r}, "
-            f"available_at={self.available_at!r})"
+            f"available_at={self.available_at!r}, replacement_key={self.replacement_key!r})"
         )
 
 
@@ -168,3 +170,22 @@ async def extend_leases(
     async with conn.cursor() as cur:
         await cur.execute(query_bytes("extend_leases", schema), params)
         return {int(outbox_id): expiry async for outbox_id, expiry in cur}
+
+
+async def newer_replacement(
+    conn: Connection, message: ClaimedMessage, *, schema: str = DEFAULT_SCHEMA
+) -> int | None:
+    """The id of the newest committed message of `message`'s replacement key newer than it,
+    or None: asked right before the message is written to the wire (one index probe per day
+    partition since the message's own)."""
+    if message.replacement_key is None:
+        return None
+    params = {
+        "replacement_key": message.replacement_key,
+        "id": message.id,
+        "created_at": message.created_at,
+    }
+    async with conn.cursor() as cur:
+        await cur.execute(query_bytes("newer_replacement", schema), params)
+        row = await cur.fetchone()
+    return None if row is None else int(row[0])
