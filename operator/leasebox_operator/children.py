@@ -99,7 +99,12 @@ def worker_settings(pool: Pool) -> dict[str, object]:
         chosen[options.TEMPLATES.name] = PurePosixPath(TEMPLATES_DIR)
     if spec.database.retention_days is not None:
         chosen[options.RETENTION.name] = spec.database.retention_days * 86400.0
-    return chosen
+    quota = spec.provider.quota
+    if quota is not None:
+        chosen[options.QUOTA.name] = quota.per_second
+        chosen[options.QUOTA_BURST.name] = quota.burst
+        chosen[options.QUOTA_ACCOUNT.name] = quota.account
+    return {name: value for name, value in chosen.items() if value is not None}
 
 
 def worker_env(pool: Pool) -> list[dict[str, Any]]:

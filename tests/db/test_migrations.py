@@ -73,6 +73,7 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
             "receipts",
             "history",
             "messages",
+            "quotas",
         }
         assert describe_schema(conn, "leasebox")["columns"] == []
 

@@ -33,6 +33,9 @@ SAMPLES: dict[str, Any] = {
     "log_level": "debug",
     "event_loop": "asyncio",
     "retention_seconds": 14 * 86400.0,
+    "quota_rate": 14.0,
+    "quota_burst": 20,
+    "quota_account": "ses-eu-west-1",
     "worker_id": "pod-a",
 }
 REQUIRED = {"LEASEBOX_DSN": "postgresql://app@db/app"}

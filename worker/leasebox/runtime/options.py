@@ -82,6 +82,16 @@ def text(value: str) -> str:
     return value
 
 
+def rate(text: str) -> float:
+    """Messages per second in `14`, `14/s`, `600/m`, `50000/d` or `100/10s`."""
+    count, _, period = text.partition("/")
+    messages = number(count)
+    seconds = duration(period if period[:1].isdigit() else f"1{period}") if period else 1.0
+    if not messages > 0 or not seconds > 0:
+        raise ValueError("a positive rate such as 14/s, 600/m or 50000/d")
+    return messages / seconds
+
+
 def kinds(value: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in value.split(",") if k.strip())
 
@@ -284,6 +294,33 @@ RETENTION = Option[float | None](
     metavar="DURATION",
     attribute="retention_seconds",
 )
+QUOTA = Option[float | None](
+    "quota",
+    "LEASEBOX_QUOTA",
+    rate,
+    None,
+    "the provider account's send quota, shared through the database by every worker that "
+    "sends through the account: messages per period, e.g. 14/s, 600/m, 50000/d "
+    "(default: none)",
+    metavar="RATE",
+    attribute="quota_rate",
+)
+QUOTA_BURST = Option[int | None](
+    "quota_burst",
+    "LEASEBOX_QUOTA_BURST",
+    whole_number,
+    None,
+    "messages the quota lets out at once after an idle spell (default: a second's worth, "
+    "at least 1)",
+)
+QUOTA_ACCOUNT = Option[str | None](
+    "quota_account",
+    "LEASEBOX_QUOTA_ACCOUNT",
+    text,
+    None,
+    "the provider account the quota is for; workers naming the same account share it "
+    "(default: the provider URL without credentials or options)",
+)
 WORKER_ID = Option[str | None](
     "worker_id",
     "LEASEBOX_WORKER_ID",
@@ -314,6 +351,9 @@ OPTIONS: tuple[Option[Any], ...] = (
     LOG_LEVEL,
     EVENT_LOOP,
     RETENTION,
+    QUOTA,
+    QUOTA_BURST,
+    QUOTA_ACCOUNT,
     WORKER_ID,
 )
 BY_NAME: Mapping[str, Option[Any]] = {option.name: option for option in OPTIONS}

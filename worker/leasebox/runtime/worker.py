@@ -43,6 +43,7 @@ from leasebox.delivery.providers.base import (
     new_email,
     reads_content,
 )
+from leasebox.delivery.providers.base import Outcome as RequestOutcome
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
     EXPIRED_CODE,
@@ -61,6 +62,7 @@ from leasebox.runtime.event_loops import running_loop_name
 from leasebox.runtime.leases import Held
 from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
+from leasebox.runtime.quota import QuotaGate
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason
 from leasebox.store import claiming
@@ -85,6 +87,7 @@ _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 _MISSING_MESSAGE = Failure(
     PERMANENT, MISSING_MESSAGE_CODE, "its message is missing from the outbox: nothing to send"
 )
+THROTTLED = RequestOutcome.THROTTLED.value
 _UNCHECKED = Failure(
     TRANSIENT,
     "supersession_check",
@@ -162,6 +165,17 @@ class Worker:
             worker_id=settings.worker_id,
             in_flight=lambda: self.metrics.sending,
         )
+        self.quota: QuotaGate | None = None
+        if settings.quota_rate is not None and settings.quota_account is not None:
+            self.quota = QuotaGate(
+                pool,
+                account=settings.quota_account,
+                rate=settings.quota_rate,
+                burst=settings.burst,
+                schema=settings.schema,
+                clock=clock,
+                on_room=self._room.set,
+            )
         self.database_problem: str | None = None
         self.failed = False
         # How often the claim and the lease check have run: the positive signal that the
@@ -246,6 +260,13 @@ class Worker:
             helpers.append(self._spawn(days, "partitions"))
         if s.listen and self._dsn:
             helpers.append(self._spawn(self._listener(self._dsn), "listener"))
+        if self.quota is not None:
+            log.info(
+                "sending under a quota of %g/s (burst %d) shared by account %s",
+                self.quota.rate,
+                self.quota.burst,
+                self.quota.account,
+            )
         try:
             await self._claim_loop()
         finally:
@@ -295,6 +316,8 @@ class Worker:
         for task in helpers:
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
+        if self.quota is not None:
+            await self.quota.close()
         if self._completions.pending:
             log.info(
                 "recording %d outcomes before exiting",
@@ -315,12 +338,16 @@ class Worker:
         # While a backlog lasts, claim at least half a batch at a time: a claim costs a round
         # trip and a statement, and claiming whatever a few settled rows freed would pay that
         # for a handful of rows. Half a batch still leaves the senders a full queue.
-        least = max(1, s.batch_size // 2)
+        least = max(1, min(s.batch_size, self.quota.batch if self.quota else s.batch_size) // 2)
         while not self._stop.is_set():
             # Rows whose outcome is known wait only for its statement: they hold no send slot,
             # so the next batch is claimed while the last one is settled, up to a batch more.
             held = len(self._held)
             room = min(s.capacity - held + self._settling, s.capacity + s.batch_size - held)
+            if self.quota is not None:
+                # Under a quota, claim no more than the tokens a reservation brings: the
+                # rest waits in the queue, where a more urgent message can pass it.
+                room = min(room, self.quota.room() - len(self._ready))
             if room <= 0 or (backlog and room < least and self._held):
                 self._room.clear()
                 await self._until(self._room, None)
@@ -476,6 +503,8 @@ class Worker:
         except Exception as exc:
             self._failed(held, classify(exc))
             return
+        if self.quota is not None and not await self._quota_token(held):
+            return
         if message.replacement_key is not None and await self._replaced(held):
             return
         metrics = self.metrics
@@ -500,10 +529,32 @@ class Worker:
         replaced = held.superseded_by
         made = None if outcome.code == EXPIRED_CODE or replaced is not None else outcome.outcome
         metrics.record_send(message.kind, self._provider_name, made, elapsed)
+        if self.quota is not None and outcome.outcome == THROTTLED:
+            pause = outcome.retry_after or retry_delay(
+                outcome, 1, base=self.settings.backoff_base, cap=self.settings.backoff_max
+            )
+            self.quota.pause(pause)
         if replaced is not None:
             self._outcome(held, Superseded(held.lease, replaced))
             return
         self._failed(held, outcome)
+
+    async def _quota_token(self, held: Held) -> bool:
+        """Wait for a token of the account's quota; False when the row was settled instead:
+        released (the tokens could not be reserved) or dead-lettered `expired` (its token
+        would come only after its expiry, so it does not wait for it)."""
+        assert self.quota is not None
+        try:
+            allowed = await self.quota.take(held.message.expires_at)
+        except (*DATABASE_ERRORS, TimeoutError) as exc:
+            self._database_failed("quota reservation", exc, 1)
+            self._outcome(held, Release(held.lease))
+            return False
+        if not allowed or self._expired(held):
+            reason = "its quota token would come only after its expiry: not sent"
+            self._outcome(held, Dead(held.lease, DeadReason.EXPIRED, reason, "expired"))
+            return False
+        return True
 
     async def _replaced(self, held: Held) -> bool:
         """Whether the held message was settled unsent because a newer message of its key
@@ -616,4 +667,5 @@ class Worker:
         return touched
 
     async def _listener(self, dsn: str) -> None:
-        await upkeep.listen_for_rows(dsn, self.settings.schema, self._wake)
+        notice = None if self.quota is None else self.quota.notice
+        await upkeep.listen_for_rows(dsn, self.settings.schema, self._wake, notice)

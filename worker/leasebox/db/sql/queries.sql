@@ -619,6 +619,47 @@ lost AS (
 )
 SELECT id FROM settled;
 
+-- name: reserve_tokens
+-- Reserve `count` tokens of a provider account's quota; creates the account's row on first use.
+-- The row's lock orders the reservations of every worker: the first token is due at the
+-- account's `next_at`, but never before its pause ends, nor earlier than the bucket's credit
+-- allows (`burst` tokens at most may be due at once); token k is due `k / rate` seconds after
+-- the first. `rate` and `burst` are the caller's (the latest worker's settings win).
+INSERT INTO {schema}.quotas AS a (account, rate, burst, next_at, updated_at)
+SELECT %(account)s, %(rate)s, %(burst)s,
+       t.now - make_interval(secs => (%(burst)s - 1) / %(rate)s)
+             + make_interval(secs => %(count)s / %(rate)s),
+       t.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS t
+ON CONFLICT (account) DO UPDATE
+SET next_at = greatest(a.next_at,
+                       excluded.updated_at
+                           - make_interval(secs => (excluded.burst - 1) / excluded.rate),
+                       coalesce(a.paused_until, '-infinity'))
+              + make_interval(secs => %(count)s / excluded.rate),
+    rate = excluded.rate,
+    burst = excluded.burst,
+    updated_at = excluded.updated_at
+RETURNING a.next_at - make_interval(secs => %(count)s / a.rate) AS first_at,
+          a.paused_until, a.updated_at AS now;
+
+-- name: pause_quota
+-- Pause a provider account's quota until `seconds` from now (a rate-limit reset the provider
+-- gave), unless it is paused longer already, and tell the other workers (NOTIFY).
+WITH paused AS (
+    UPDATE {schema}.quotas AS a
+    SET paused_until = greatest(coalesce(a.paused_until, '-infinity'),
+                                coalesce(%(now)s::timestamptz, now())
+                                    + make_interval(secs => %(seconds)s)),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    WHERE a.account = %(account)s
+    RETURNING a.account, a.paused_until
+)
+SELECT p.paused_until,
+       pg_notify(%(channel)s, %(schema_name)s || ':quota:'
+                 || extract(epoch FROM p.paused_until)::text || ':' || p.account) AS notified
+FROM paused AS p;
+
 -- name: extend_leases
 -- Push the expiry of leases still held to now plus the lease length.
 UPDATE {schema}.queue AS q

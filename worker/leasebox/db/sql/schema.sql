@@ -212,6 +212,21 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) AS s ON true;
 
+-- A provider account's send quota, shared by every worker that sends through the account:
+-- a token bucket kept as the time its next token is due (`next_at`, the generic cell rate
+-- algorithm). A worker reserves tokens with one UPDATE of the row, which orders every
+-- reservation of the account; token k of a reservation is due 1/rate after token k-1, and
+-- the bucket never holds more than `burst` tokens of credit. `paused_until` is a provider's
+-- rate-limit reset (a 429's Retry-After): no token is due before it.
+CREATE TABLE {schema}.quotas (
+    account text PRIMARY KEY,
+    rate double precision NOT NULL CHECK (rate > 0),
+    burst integer NOT NULL CHECK (burst >= 1),
+    next_at timestamptz NOT NULL,
+    paused_until timestamptz,
+    updated_at timestamptz NOT NULL
+);
+
 -- One logical send, as `enqueue` writes it (the producer's `enqueue` statement calls this):
 -- take the caller's advisory locks (`p_locks`, in order), then reuse a live receipt of the
 -- key, or else the message under an explicit delivery key (the same message is the same send,

@@ -29,6 +29,16 @@ ALTER TABLE {schema}.history ADD CONSTRAINT history_event_check CHECK (event IN 
     'claimed', 'sent', 'retry', 'ambiguous', 'dead', 'released', 'lease_expired',
     'lease_lost', 'expired', 'requeued', 'superseded'));
 
+-- Provider quotas shared by every worker of an account (see schema.sql).
+CREATE TABLE {schema}.quotas (
+    account text PRIMARY KEY,
+    rate double precision NOT NULL CHECK (rate > 0),
+    burst integer NOT NULL CHECK (burst >= 1),
+    next_at timestamptz NOT NULL,
+    paused_until timestamptz,
+    updated_at timestamptz NOT NULL
+);
+
 -- A message gone from the queue is `sent` or `superseded`, whichever its history says.
 CREATE OR REPLACE VIEW {schema}.messages AS
 SELECT o.id, o.bucket, o.kind, o.aggregate_id, o.recipient, o.recipient_key, o.scope,
