@@ -2,15 +2,20 @@
 the provider stand-in's clock.
 
 1, 4 and 16 `leasebox worker` processes share one account's quota (25 messages a second,
-burst 1) through the database; once all of them are up, a backlog is enqueued and drained
-into a loopback SMTP sink, which stamps each message as it arrives. The guarantee is the
-bound: in any stretch of w seconds at most `rate * w + burst` messages go out. The sink
-stamps a message when its DATA ends, after the network and the SMTP exchange, whose time
-varies by a few milliseconds from message to message, so one message more than the bound may
-show in a stretch: the test allows that one and nothing else. The rate over the whole drain
-is checked against the quota from below with a tolerance sized for a four-second drain on two
-shared cores that other tests use at the same time, where a worker woken late sends late
-(never early); the accuracy itself (within 5 %) is measured by `make bench` over longer runs.
+burst 1) through the database and send into a loopback SMTP sink, which stamps each message
+as it arrives. Once all are up and each has sent a first message (its connection is open),
+a backlog is enqueued and drained, and its stamps are judged.
+
+The database hands out the backlog's tokens due one spacing (1/rate) apart (the reservations
+are proved exact in tests/db/test_quota_reservations.py), and a worker writes a message no
+earlier than its token is due. The sink sees each message later, by however long the send
+took to reach it: on two shared cores running sixteen workers, from milliseconds to a stall
+of a few hundred. So, judged by the sink's clock, the i-th arrival comes no sooner than i
+spacings after the first, less the first one's own delay, which the test allows up to
+`FIRST_DELAY` (a quarter of a second: a few times what it is on an idle machine); a quota that
+let 5 % too many through would be further ahead than that by the end of the drain. The rate
+(the slope of the arrivals over time) must be within 10 % of the quota; its accuracy (within
+5 %) is measured over longer runs by `make bench`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -34,21 +40,20 @@ from support.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 RATE = 25.0
-MESSAGES = 100
+MESSAGES = 150
 ACCOUNT = "shared-test-account"
-# How far below the quota a four-second drain may come on a busy test machine (a worker woken
-# late sends late); above it, only the bound's one message of stamping jitter is allowed.
-SHORTFALL = 0.15
+TOLERANCE = 0.10
+FIRST_DELAY = 0.25
 
 
-def seed(dsn: str, count: int) -> None:
+def seed(dsn: str, count: int, prefix: str) -> None:
     with psycopg.connect(dsn) as conn:
         enqueue_many(
             conn,
             [
                 OutboxMessage(
                     kind="verification",
-                    recipient=f"u{i}@example.com",
+                    recipient=f"{prefix}{i}@example.com",
                     data={"link": f"https://example.com/v/{i}"},
                 )
                 for i in range(count)
@@ -65,7 +70,7 @@ def workers(dsn: str, url: str, processes: int, directory: Path) -> Iterator[lis
     command = [
         sys.executable, "-m", "leasebox", "worker", "--provider", url, "--kinds",
         "verification", "--quota", f"{RATE:g}/s", "--quota-burst", "1", "--quota-account",
-        ACCOUNT, "--metrics-port", "0", "--poll-interval", "0.1", "--log-format", "json",
+        ACCOUNT, "--metrics-port", "0", "--concurrency", "4", "--log-format", "json",
     ]  # fmt: skip
     logs = [directory / f"w{n}.log" for n in range(processes)]
     started = []
@@ -97,15 +102,9 @@ def workers(dsn: str, url: str, processes: int, directory: Path) -> Iterator[lis
                 process.wait(timeout=30)
 
 
-def most_in_a_stretch(stamps: list[float]) -> float:
-    """The largest excess, over all stretches between two arrivals, of the messages that
-    arrived in the stretch over what the quota allows in it (`rate * w + burst`)."""
-    worst = -float("inf")
-    for i, start in enumerate(stamps):
-        for j in range(i, len(stamps)):
-            allowed = RATE * (stamps[j] - start) + 1
-            worst = max(worst, (j - i + 1) - allowed)
-    return worst
+def most_ahead(stamps: list[float]) -> float:
+    """How far (seconds) the furthest arrival came before `i / rate` after the first."""
+    return max(stamps[0] + i / RATE - stamp for i, stamp in enumerate(stamps))
 
 
 @pytest.mark.parametrize("processes", [1, 4, 16])
@@ -113,15 +112,20 @@ def test_the_accounts_rate_holds_however_many_workers_share_it(
     db_dsn: str, tmp_path: Path, processes: int
 ) -> None:
     with SmtpSink(clock=time.monotonic) as sink, workers(db_dsn, sink.url, processes, tmp_path):
-        seed(db_dsn, MESSAGES)
-        wait_for(lambda: len(sink.received) >= MESSAGES, what="the backlog drained", timeout=60)
-        stamps = sorted(message.received_at for message in sink.received)
+        warm = 2 * processes
+        seed(db_dsn, warm, "warm")
+        wait_for(lambda: len(sink.received) >= warm, what="the first sends", timeout=60)
+        seed(db_dsn, MESSAGES, "u")
+        wait_for(
+            lambda: len(sink.received) >= warm + MESSAGES, what="the backlog drained", timeout=60
+        )
+        stamps = sorted(m.received_at for m in sink.received if m.recipient.startswith("u"))
 
     assert len(stamps) == MESSAGES
-    excess = most_in_a_stretch(stamps)
-    assert excess <= 1, f"{excess:.2f} messages over the quota in one stretch"
-    measured = (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    assert measured >= RATE * (1 - SHORTFALL), measured
+    ahead = most_ahead(stamps)
+    assert ahead <= FIRST_DELAY, f"an arrival came {ahead:.3f}s ahead of the quota's pace"
+    rate = statistics.linear_regression(stamps, range(len(stamps))).slope
+    assert abs(rate / RATE - 1) <= TOLERANCE, rate
     with psycopg.connect(db_dsn) as conn:
         account = conn.execute(
             "SELECT rate, burst FROM leasebox.quotas WHERE account = %s", (ACCOUNT,)

@@ -38,6 +38,9 @@ log = logging.getLogger("leasebox.worker")
 
 # How far ahead, in seconds of the account's rate, a worker reserves tokens at a time.
 HORIZON_SECONDS = 0.5
+# How long the best estimate of the database's clock is kept before a fresh one replaces it
+# (the two clocks drift apart slowly, by NTP's steps on the database's host).
+OFFSET_MEMORY = 60.0
 # A token: when it is due on this process's monotonic clock, and on the database's.
 Token = tuple[float, datetime]
 
@@ -71,8 +74,11 @@ class QuotaGate:
         self._reserving: asyncio.Task[None] | None = None
         self._paused_until = -math.inf  # monotonic
         self._pause_changed = asyncio.Event()
-        # The database's epoch seconds minus this process's monotonic clock, as last seen.
+        # The database's epoch seconds minus this process's monotonic clock: the largest of
+        # the answers seen (an answer read late by a busy process makes it look smaller,
+        # never larger), forgotten an `OFFSET_MEMORY` after it was seen.
         self._offset: float | None = None
+        self._offset_seen = -math.inf
         self._writes: set[asyncio.Task[None]] = set()
         self.waiting = 0
         self.reserved = 0
@@ -108,8 +114,10 @@ class QuotaGate:
         """Another worker paused `account` until `until_epoch` (the database's clock)."""
         if account != self.account:
             return
-        offset = self._offset if self._offset is not None else time.time() - time.monotonic()
-        self._paused(until_epoch - offset)
+        if self._offset is None:
+            self._paused(until_epoch - time.time() + time.monotonic())
+        else:
+            self._paused(until_epoch - self._offset)
 
     @property
     def paused(self) -> bool:
@@ -190,17 +198,28 @@ class QuotaGate:
             if ahead > 0 and any(not w.done() for w in self._waiters):
                 await asyncio.sleep(ahead)
 
+    def _local(self, moment: datetime) -> float:
+        """`moment` of the database's clock on this process's monotonic clock."""
+        assert self._offset is not None
+        return moment.timestamp() - self._offset
+
     def _hand_out(self, reservation: quotas.Reservation) -> float:
         """Give the reservation's tokens to the senders in the order they asked; keep the
         ones whose sender left; the local time the last token is due."""
         local_now = time.monotonic()
-        self._offset = reservation.now.timestamp() - local_now
+        offset = reservation.now.timestamp() - local_now
+        if (
+            self._offset is None
+            or offset > self._offset
+            or local_now - self._offset_seen > OFFSET_MEMORY
+        ):
+            self._offset, self._offset_seen = offset, local_now
         if reservation.paused_until is not None:
-            self._paused(local_now + (reservation.paused_until - reservation.now).total_seconds())
+            self._paused(self._local(reservation.paused_until))
         last = local_now
         for index in range(reservation.count):
             due_db = reservation.due(index)
-            last = local_now + (due_db - reservation.now).total_seconds()
+            last = self._local(due_db)
             token = (last, due_db)
             while self._waiters and self._waiters[0].done():
                 self._waiters.popleft()

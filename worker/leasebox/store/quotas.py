@@ -14,8 +14,11 @@ row's lock, and each takes the n due times that follow the previous one: the fir
 the one before it, except that after an idle spell up to `burst` of them may lie in the past
 (due at once). A worker writes a message to the wire no earlier than its token's due time,
 so in any interval of w seconds at most `rate * w + burst` messages go out, whichever worker
-sends them. Due times are on the database's clock; a worker converts them to its own with the
-offset it saw in the same answer, which is off by at most that round trip. A token reserved
+sends them. Due times are on the database's clock, read once the row is locked; a worker
+places them on its own clock by the least delayed of its recent answers (a late one only
+makes it send later). Measured at the provider, a message that took longer to get there
+(a busy machine, a new connection) may arrive closer to the next than 1/rate; the pace over
+the whole drain is the quota's. A token reserved
 and not used (the message expired, or a newer one replaced it) is lost: the account then
 sends a little under its rate, never over it.
 

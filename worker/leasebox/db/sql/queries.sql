@@ -624,22 +624,25 @@ SELECT id FROM settled;
 -- The row's lock orders the reservations of every worker: the first token is due at the
 -- account's `next_at`, but never before its pause ends, nor earlier than the bucket's credit
 -- allows (`burst` tokens at most may be due at once); token k is due `k / rate` seconds after
--- the first. `rate` and `burst` are the caller's (the latest worker's settings win).
+-- the first. `rate` and `burst` are the caller's (the latest worker's settings win). The time
+-- is read once the row is locked (`clock_timestamp()`, not the statement's start, which may be
+-- a wait for the lock earlier), and returned, so that the caller can place the due times on
+-- its own clock.
 INSERT INTO {schema}.quotas AS a (account, rate, burst, next_at, updated_at)
 SELECT %(account)s, %(rate)s, %(burst)s,
        t.now - make_interval(secs => (%(burst)s - 1) / %(rate)s)
              + make_interval(secs => %(count)s / %(rate)s),
        t.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS t
+FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now) AS t
 ON CONFLICT (account) DO UPDATE
 SET next_at = greatest(a.next_at,
-                       excluded.updated_at
+                       coalesce(%(now)s::timestamptz, clock_timestamp())
                            - make_interval(secs => (excluded.burst - 1) / excluded.rate),
                        coalesce(a.paused_until, '-infinity'))
               + make_interval(secs => %(count)s / excluded.rate),
     rate = excluded.rate,
     burst = excluded.burst,
-    updated_at = excluded.updated_at
+    updated_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 RETURNING a.next_at - make_interval(secs => %(count)s / a.rate) AS first_at,
           a.paused_until, a.updated_at AS now;
 
