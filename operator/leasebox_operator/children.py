@@ -99,6 +99,12 @@ def worker_settings(pool: Pool) -> dict[str, object]:
         chosen[options.TEMPLATES.name] = PurePosixPath(TEMPLATES_DIR)
     if spec.database.retention_days is not None:
         chosen[options.RETENTION.name] = spec.database.retention_days * 86400.0
+    if spec.priorities:
+        sla = spec.sla.oldest_pending_age_seconds
+        chosen[options.PRIORITIES.name] = tuple(
+            options.KindPriority(p.kind, p.priority, float(p.sla_seconds or sla))
+            for p in spec.priorities
+        )
     quota = spec.provider.quota
     if quota is not None:
         chosen[options.QUOTA.name] = quota.per_second

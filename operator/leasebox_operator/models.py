@@ -42,7 +42,7 @@ OPERATOR_SETTINGS = (
     options.SCHEMA, options.KINDS, options.CONCURRENCY, options.LEASE_SECONDS, options.GRACE,
     options.MAX_ATTEMPTS, options.BACKOFF_BASE, options.BACKOFF_MAX, options.METRICS_PORT,
     options.LOG_FORMAT, options.TEMPLATES, options.RETENTION, options.QUOTA,
-    options.QUOTA_BURST, options.QUOTA_ACCOUNT,
+    options.QUOTA_BURST, options.QUOTA_ACCOUNT, options.PRIORITIES,
 )  # fmt: skip
 # Secrets reach the worker by reference under these names.
 DSN_VARIABLE = DSN_VARIABLES[0]
@@ -329,6 +329,20 @@ class WorkerSpec(Model):
     podTemplate); merged into the Deployment without loosening its security context."""
 
 
+class KindPrioritySpec(Model):
+    """How urgent one kind is: claimed before the kinds of a lower priority, except that a
+    message of a lower priority that has waited longer than its own SLA goes ahead anyway,
+    within a quarter of each claim, so that no kind starves."""
+
+    kind: Kind
+    """One of spec.kinds."""
+    priority: int = Field(ge=-1000, le=1000)
+    """Higher first; a kind not listed is 0."""
+    sla_seconds: int | None = Field(None, ge=1, le=86400)
+    """How long a message of this kind may wait, from creation, before it goes ahead of
+    higher priorities; unset: spec.sla.oldestPendingAgeSeconds."""
+
+
 class MonitoringSpec(Model):
     """Prometheus Operator objects the operator creates for the pool."""
 
@@ -354,6 +368,11 @@ class PoolSpec(Model):
             "mode Operator the operator sizes the pool",
             lambda s: s.replicas is None or s.scaling.mode == "External",
         ),
+        CelRule(
+            "!has(self.priorities) || self.priorities.all(p, p.kind in self.kinds)",
+            "every priorities[].kind must be one of spec.kinds",
+            lambda s: all(p.kind in s.kinds for p in s.priorities or ()),
+        ),
     )
     model_config = cel(cel_rules)
 
@@ -373,6 +392,21 @@ class PoolSpec(Model):
     """Scaling mode, bounds and tuning."""
     worker: WorkerSpec = Field(default_factory=WorkerSpec, json_schema_extra=_EMPTY_DEFAULT)
     """The worker pods."""
+    priorities: (
+        Annotated[
+            list[KindPrioritySpec],
+            Field(
+                max_length=64,
+                json_schema_extra={
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["kind"],
+                },
+            ),
+        ]
+        | None
+    ) = None
+    """Urgent kinds first: each listed kind's priority in the claim, and after how long a
+    waiting message of a lower one goes ahead anyway. Unset: oldest first, whatever the kind."""
     paused: bool = False
     """Freeze the replica count; the backlog is still observed and reported."""
     monitoring: MonitoringSpec = Field(

@@ -21,11 +21,9 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox import OutboxMessage, enqueue
-from leasebox.delivery.providers import Email, provider_from_url
-from leasebox.errors import MessageSuperseded
+from leasebox.delivery.providers import provider_from_url
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.runtime.worker import Worker
-from support import hostile_http as http
 from support.fault_rig import rows, run_until_final
 from support.mail_servers import RecordingHandler, SmtpServer, serve
 
@@ -191,30 +189,3 @@ async def test_a_code_with_no_newer_one_is_sent_through_the_check(
         other: "sent",
     }
     assert sorted(delivered_to(holding)) == ["first@example.com", "other@example.com"]
-
-
-async def test_a_replaced_message_never_becomes_an_http_request() -> None:
-    async def newer_committed() -> bool:
-        return True
-
-    with http.hostile_http() as server:
-        provider = provider_from_url(server.url(), timeout=5.0)
-        await provider.start()
-        try:
-            email = Email(
-                outbox_id=1,
-                kind="otp",
-                aggregate_id=None,
-                delivery_key="otp:replaced",
-                recipient="ada@example.com",
-                subject="s",
-                text="t",
-                html=None,
-                attempt=1,
-                superseded=newer_committed,
-            )
-            with pytest.raises(MessageSuperseded):
-                await provider.send(email)
-        finally:
-            await provider.close()
-    assert server.seen == {}

@@ -178,3 +178,28 @@ def test_a_bad_quota_is_one_error_naming_its_flag(argv: list[str], message: str)
     args = build_parser().parse_args(["worker", *argv])
     with pytest.raises(ConfigurationError, match=message):
         process_config(args, LOG_PROVIDER)
+
+
+def test_priorities_read_as_kind_priority_and_aging() -> None:
+    args = build_parser().parse_args(
+        ["worker", "--kinds", "otp,verification,invite", "--priorities", "otp=10/30s,invite=-1"]
+    )
+    settings = process_config(args, LOG_PROVIDER).settings
+    assert settings.priority_of == {"otp": 10, "verification": 0, "invite": -1}
+    assert settings.aging_of == {"otp": 30.0, "verification": 60.0, "invite": 60.0}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("otp", "^--priorities must be kind=priority pairs"),
+        ("otp=urgent", "^--priorities must be a whole number as the priority of otp"),
+        ("otp=1/soon", "^--priorities must be a duration"),
+        ("sms=1", "^--priorities: a priority names kind 'sms', which this worker does not"),
+        ("otp=1,otp=2", "^--priorities: the priorities name a kind twice"),
+    ],
+)
+def test_a_bad_priority_is_one_error_naming_its_flag(raw: str, message: str) -> None:
+    args = build_parser().parse_args(["worker", "--kinds", "otp", "--priorities", raw])
+    with pytest.raises(ConfigurationError, match=message):
+        process_config(args, LOG_PROVIDER)

@@ -72,6 +72,8 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     except ConfigurationError as exc:
         # The settings check values, not sources: name where a value they refuse came from.
         named: tuple[tuple[str, options.Option[Any]], ...] = (
+            ("priorit", options.PRIORITIES),
+            ("aging", options.PRIORITIES),
             ("kind", options.KINDS),
             ("retention", options.RETENTION),
             ("quota burst", options.QUOTA_BURST),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
 from leasebox.errors import ConfigurationError
@@ -94,6 +94,37 @@ def rate(text: str) -> float:
 
 def kinds(value: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in value.split(",") if k.strip())
+
+
+class KindPriority(NamedTuple):
+    """A kind's priority in the claim (higher first) and its aging: after waiting this many
+    seconds from creation (its SLA) a message of it is served before higher priorities."""
+
+    kind: str
+    priority: int
+    aging_seconds: float | None = None
+
+    def __str__(self) -> str:
+        aging = "" if self.aging_seconds is None else f"/{self.aging_seconds:g}s"
+        return f"{self.kind}={self.priority}{aging}"
+
+
+def priorities(value: str) -> tuple[KindPriority, ...]:
+    """`otp=10/30s,verification=0/10m`: each kind's priority, and optionally its aging."""
+    found = []
+    for item in (i.strip() for i in value.split(",")):
+        if not item:
+            continue
+        kind, equals, rest = item.partition("=")
+        number, slash, aging = rest.partition("/")
+        if not equals or not kind.strip():
+            raise ValueError("kind=priority pairs such as otp=10,verification=0/10m")
+        try:
+            priority = int(number)
+        except ValueError:
+            raise ValueError(f"a whole number as the priority of {kind.strip()}") from None
+        found.append(KindPriority(kind.strip(), priority, duration(aging) if slash else None))
+    return tuple(found)
 
 
 def switch(value: str) -> bool:
@@ -294,6 +325,16 @@ RETENTION = Option[float | None](
     metavar="DURATION",
     attribute="retention_seconds",
 )
+PRIORITIES = Option[tuple[KindPriority, ...]](
+    "priorities",
+    "LEASEBOX_PRIORITIES",
+    priorities,
+    (),
+    "kinds claimed first, and after how long a waiting message of a lower one goes ahead "
+    "anyway (its SLA): otp=10/30s,verification=0/10m; unlisted kinds are 0, aging 60s "
+    "(default: none, oldest first)",
+    metavar="KIND=N[/SLA],...",
+)
 QUOTA = Option[float | None](
     "quota",
     "LEASEBOX_QUOTA",
@@ -351,6 +392,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     LOG_LEVEL,
     EVENT_LOOP,
     RETENTION,
+    PRIORITIES,
     QUOTA,
     QUOTA_BURST,
     QUOTA_ACCOUNT,

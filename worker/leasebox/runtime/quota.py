@@ -81,7 +81,6 @@ class QuotaGate:
         self._offset_seen = -math.inf
         self._writes: set[asyncio.Task[None]] = set()
         self.waiting = 0
-        self.reserved = 0
 
     def room(self) -> int:
         """How many more messages the worker may claim for the senders: a reservation's worth
@@ -190,7 +189,6 @@ class QuotaGate:
                         waiter.set_exception(exc)
                 self._waiters.clear()
                 return
-            self.reserved += count
             last = self._hand_out(reservation)
             # Reserve again once the last token is within the horizon: no sooner, so that
             # this worker holds no more than a horizon of the account's tokens.

@@ -63,7 +63,7 @@ from leasebox.runtime.leases import Held
 from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.quota import QuotaGate
-from leasebox.runtime.settings import WorkerSettings
+from leasebox.runtime.settings import AGED_SHARE, WorkerSettings
 from leasebox.states import DeadReason
 from leasebox.store import claiming
 from leasebox.store.claiming import ClaimedMessage, Cursor
@@ -87,7 +87,7 @@ _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 _MISSING_MESSAGE = Failure(
     PERMANENT, MISSING_MESSAGE_CODE, "its message is missing from the outbox: nothing to send"
 )
-THROTTLED = RequestOutcome.THROTTLED.value
+_THROTTLED = RequestOutcome.THROTTLED.value
 _UNCHECKED = Failure(
     TRANSIENT,
     "supersession_check",
@@ -143,6 +143,12 @@ class Worker:
         self._cursors: dict[str, Cursor] = {}
         self._cursor_claims = 0
         self._read_from_start_at = -math.inf
+        # Kinds' priorities in the claim, and the rows of claims owed to messages past their
+        # kind's aging (a share of every claim; see `AGED_SHARE`).
+        self._priority = settings.priority_of
+        self._aging = settings.aging_of
+        self._prioritised = any(self._priority.values())
+        self._aged_credit = 0.0
         # Held rows whose outcome the batcher has and has not written yet.
         self._settling = 0
         self._ready: ReadyRows[Held] = ReadyRows()
@@ -338,7 +344,8 @@ class Worker:
         # While a backlog lasts, claim at least half a batch at a time: a claim costs a round
         # trip and a statement, and claiming whatever a few settled rows freed would pay that
         # for a handful of rows. Half a batch still leaves the senders a full queue.
-        least = max(1, min(s.batch_size, self.quota.batch if self.quota else s.batch_size) // 2)
+        reserved = s.batch_size if self.quota is None else min(s.batch_size, self.quota.batch)
+        least = max(1, reserved // 2)
         while not self._stop.is_set():
             # Rows whose outcome is known wait only for its statement: they hold no send slot,
             # so the next batch is claimed while the last one is settled, up to a batch more.
@@ -401,6 +408,11 @@ class Worker:
         after = None if rescan else self._cursors
         if not after:
             self._read_from_start_at = started
+        aged_limit = 0
+        if self._prioritised:
+            self._aged_credit = min(limit, self._aged_credit + limit * AGED_SHARE)
+            aged_limit = int(self._aged_credit)
+            self._aged_credit -= aged_limit
         async with asyncio.timeout(STATEMENT_TIMEOUT), self._pool.connection() as conn:
             rows = await claiming.claim(
                 conn,
@@ -412,9 +424,15 @@ class Worker:
                 now=self._clock(),
                 content=self._reads_content,
                 after=after,
+                priorities=self._priority,
+                aging=self._aging,
+                aged_limit=aged_limit,
             )
         self.rounds["claim"] += 1
         self._move_cursors(rows, full=len(rows) == limit, rescanned=after is None)
+        if self._prioritised:
+            # Senders take the urgent kinds first (a stable sort keeps each kind's order).
+            rows.sort(key=lambda message: -self._priority[message.kind])
         deadline = started + s.lease_seconds
         if rows:
             helds = [Held(message, started, deadline) for message in rows]
@@ -503,7 +521,7 @@ class Worker:
         except Exception as exc:
             self._failed(held, classify(exc))
             return
-        if self.quota is not None and not await self._quota_token(held):
+        if self.quota is not None and not await self._quota_token(held, self.quota):
             return
         if message.replacement_key is not None and await self._replaced(held):
             return
@@ -529,7 +547,7 @@ class Worker:
         replaced = held.superseded_by
         made = None if outcome.code == EXPIRED_CODE or replaced is not None else outcome.outcome
         metrics.record_send(message.kind, self._provider_name, made, elapsed)
-        if self.quota is not None and outcome.outcome == THROTTLED:
+        if self.quota is not None and outcome.outcome == _THROTTLED:
             pause = outcome.retry_after or retry_delay(
                 outcome, 1, base=self.settings.backoff_base, cap=self.settings.backoff_max
             )
@@ -539,13 +557,12 @@ class Worker:
             return
         self._failed(held, outcome)
 
-    async def _quota_token(self, held: Held) -> bool:
+    async def _quota_token(self, held: Held, quota: QuotaGate) -> bool:
         """Wait for a token of the account's quota; False when the row was settled instead:
         released (the tokens could not be reserved) or dead-lettered `expired` (its token
         would come only after its expiry, so it does not wait for it)."""
-        assert self.quota is not None
         try:
-            allowed = await self.quota.take(held.message.expires_at)
+            allowed = await quota.take(held.message.expires_at)
         except (*DATABASE_ERRORS, TimeoutError) as exc:
             self._database_failed("quota reservation", exc, 1)
             self._outcome(held, Release(held.lease))

@@ -87,7 +87,8 @@ async def pause_quota(
         "seconds": seconds,
         "now": now,
         "channel": NOTIFY_CHANNEL,
-        "schema_name": schema,
+        "notice_prefix": _notice_prefix(schema),
+        "separator": ":",
     }
     async with conn.cursor() as cur:
         await cur.execute(query_bytes("pause_quota", schema), params)
@@ -98,7 +99,7 @@ async def pause_quota(
 def pause_notice(payload: str, schema: str) -> tuple[str, float] | None:
     """`(account, paused until as epoch seconds)` from a NOTIFY payload `pause_quota` sent
     for `schema`, or None for any other payload."""
-    prefix = f"{schema}:quota:"
+    prefix = _notice_prefix(schema)
     if not payload.startswith(prefix):
         return None
     epoch, separator, account = payload[len(prefix) :].partition(":")
@@ -107,3 +108,8 @@ def pause_notice(payload: str, schema: str) -> tuple[str, float] | None:
     except ValueError:
         return None
     return (account, until) if separator and account else None
+
+
+def _notice_prefix(schema: str) -> str:
+    """What a pause notice starts with; an insert's notice is the schema's name alone."""
+    return f"{schema}:quota:"

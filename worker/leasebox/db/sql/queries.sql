@@ -365,24 +365,35 @@ SELECT DISTINCT kind FROM {schema}.queue ORDER BY kind;
 -- row it claimed, so that its scan does not walk the index entries of every row claimed
 -- before, which stay in the index until a vacuum; now and then it scans from the start, for
 -- a row committed late by a transaction that began before the rows it has claimed.
+-- Each kind's scan yields its first `limit` rows; of them all, the claim takes the kinds of
+-- higher `priority` first, oldest availability first within a priority, except that up to
+-- `aged_limit` rows that have waited longer than their kind's `aging` seconds (its SLA, from
+-- creation) come before everything (the oldest first): a lower priority never starves.
 WITH candidates AS (
-    SELECT c.id
-    FROM unnest(%(kinds)s::text[], %(after_at)s::timestamptz[], %(after_id)s::bigint[])
-        AS k(kind, after_at, after_id)
-    CROSS JOIN LATERAL (
-        SELECT q.id, q.available_at
-        FROM {schema}.queue AS q
-        WHERE q.kind = k.kind
-          AND (q.available_at, q.id)
-              > (coalesce(k.after_at, '-infinity'::timestamptz), coalesce(k.after_id, 0))
-          AND q.status = 'pending'
-          AND q.available_at <= coalesce(%(now)s::timestamptz, now())
-          AND (q.expires_at IS NULL OR q.expires_at > coalesce(%(now)s::timestamptz, now()))
-        ORDER BY q.available_at, q.id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    ORDER BY c.available_at, c.id
+    SELECT r.id
+    FROM (
+        SELECT c.id, c.available_at, k.priority, c.aged,
+               row_number() OVER (PARTITION BY c.aged ORDER BY c.available_at, c.id) AS nth
+        FROM unnest(%(kinds)s::text[], %(after_at)s::timestamptz[], %(after_id)s::bigint[],
+                    %(priorities)s::int[], %(aging)s::float8[])
+            AS k(kind, after_at, after_id, priority, aging)
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.available_at,
+                   q.created_at <= coalesce(%(now)s::timestamptz, now())
+                                   - make_interval(secs => k.aging) AS aged
+            FROM {schema}.queue AS q
+            WHERE q.kind = k.kind
+              AND (q.available_at, q.id)
+                  > (coalesce(k.after_at, '-infinity'::timestamptz), coalesce(k.after_id, 0))
+              AND q.status = 'pending'
+              AND q.available_at <= coalesce(%(now)s::timestamptz, now())
+              AND (q.expires_at IS NULL OR q.expires_at > coalesce(%(now)s::timestamptz, now()))
+            ORDER BY q.available_at, q.id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS c
+    ) AS r
+    ORDER BY (r.aged AND r.nth <= %(aged_limit)s) DESC, r.priority DESC, r.available_at, r.id
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -659,8 +670,8 @@ WITH paused AS (
     RETURNING a.account, a.paused_until
 )
 SELECT p.paused_until,
-       pg_notify(%(channel)s, %(schema_name)s || ':quota:'
-                 || extract(epoch FROM p.paused_until)::text || ':' || p.account) AS notified
+       pg_notify(%(channel)s, %(notice_prefix)s || extract(epoch FROM p.paused_until)::text
+                              || %(separator)s || p.account) AS notified
 FROM paused AS p;
 
 -- name: extend_leases
