@@ -77,6 +77,20 @@ def test_enqueue_reads_a_json_message_from_stdin(db_dsn: str) -> None:
     assert json.loads(result.stdout)["idempotency_key"] == "abc"
 
 
+def test_enqueue_with_a_replacement_key_supersedes_the_code_sent_before(db_dsn: str) -> None:
+    args = ("enqueue", "--dsn", db_dsn, "--kind", "verification", "--recipient")
+    key = ("--replacement-key", "signup-7", "--data", '{"link": "https://example.com/v/1"}')
+    first = run(*args, "ada@example.com", *key)
+    second = run(*args, "ada@example.com", *key)
+    assert first.returncode == 0, first.stderr
+    old, new = json.loads(first.stdout)["outbox_id"], json.loads(second.stdout)["outbox_id"]
+    with psycopg.connect(db_dsn) as conn:
+        found = conn.execute(
+            "SELECT id, status, superseded_by FROM leasebox.messages ORDER BY id"
+        ).fetchall()
+    assert found == [(old, "superseded", new), (new, "pending", None)]
+
+
 def test_an_invalid_message_names_the_field_and_writes_nothing(db_dsn: str) -> None:
     result = run("enqueue", "--dsn", db_dsn, "--kind", "otp", "--recipient", "nobody")
     assert result.returncode == 2

@@ -153,6 +153,9 @@ CLAIM = {
     "kinds": ["otp"],
     "after_at": [None],
     "after_id": [None],
+    "priorities": [0],
+    "aging": [86400.0],
+    "aged_limit": 0,
     "now": None,
     "limit": 100,
     "lease_seconds": 45,
@@ -184,6 +187,30 @@ def test_the_claim_uses_the_ready_index_and_never_scans_a_table(
     found = worker_plan(seeded, name)
     assert {"queue_ready_idx", "queue_pkey"} <= indexes(seeded, found)
     assert not full_scans(seeded, found), reads(found)
+
+
+@pytest.mark.parametrize("name", ["claim", "claim_without_content"])
+def test_a_claim_with_priorities_reads_each_kind_by_the_ready_index_and_sorts_its_candidates(
+    seeded: psycopg.Connection[Any], name: str
+) -> None:
+    # Urgent otp before invite, with aging and a share for aged rows: each kind is still one
+    # scan of the ready index from its cursor, and only the kinds' first rows are ordered.
+    urgent = {
+        "kinds": ["otp", "invite"],
+        "after_at": [None, None],
+        "after_id": [None, None],
+        "priorities": [10, 0],
+        "aging": [30.0, 600.0],
+        "aged_limit": 25,
+    }
+    found = worker_plan(seeded, name, **urgent)
+    assert {"queue_ready_idx", "queue_pkey"} <= indexes(seeded, found)
+    assert not full_scans(seeded, found), reads(found)
+    [scan] = [n for n in nodes(found) if n.get("Index Name") == "queue_ready_idx"]
+    assert "kind = k.kind" in scan["Index Cond"]
+    assert [n["Node Type"] for n in nodes(scan)] == ["Index Scan"]  # nothing sorts the table
+    limited = [n for n in nodes(found) if n["Node Type"] == "Limit"]
+    assert any(scan in nodes(n) for n in limited), "each kind's scan stops at the claim's limit"
 
 
 def test_the_claim_reads_each_message_by_its_key_in_its_days_partition(

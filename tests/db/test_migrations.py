@@ -75,6 +75,7 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
             "receipts",
             "history",
             "messages",
+            "quotas",
         }
         assert describe_schema(conn, "leasebox")["columns"] == []
 
@@ -174,7 +175,8 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
             ).fetchall()
         )
 
-    assert [m.version for m in migrate(empty_db_dsn)] == [4, 5]
+    later = [m.version for m in available_migrations() if m.version > 3]
+    assert [m.version for m in migrate(empty_db_dsn)] == later
 
     with psycopg.connect(empty_db_dsn) as conn:
         found = {
@@ -229,7 +231,7 @@ def migrate_to(dsn: str, version: int) -> list[int]:
             "CREATE TABLE leasebox.schema_migrations (version integer PRIMARY KEY,"
             " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        for migration in available_migrations()[:version]:
+        for migration in (m for m in available_migrations() if m.version <= version):
             with conn.transaction():
                 conn.execute(compose(migration.text(), "leasebox"))
                 conn.execute(

@@ -203,3 +203,22 @@ def test_every_adapter_checks_against_the_catalogue_it_is_given(
     )
     orm_producer.commit()
     assert [row[2] for row in rows(db_dsn)] == [{"issue": 7}]
+
+
+def test_a_resent_code_supersedes_the_pending_one_through_every_orm(
+    orm_producer: Producer, db_dsn: str
+) -> None:
+    old = orm_producer.enqueue(otp(replacement_key="challenge-7"))
+    orm_producer.commit()
+
+    new = orm_producer.enqueue(otp(replacement_key="challenge-7"))
+    orm_producer.commit()
+
+    with psycopg.connect(db_dsn) as observer:
+        found = observer.execute(
+            "SELECT id, status, superseded_by FROM leasebox.messages ORDER BY id"
+        ).fetchall()
+    assert found == [
+        (old.outbox_id, "superseded", new.outbox_id),
+        (new.outbox_id, "pending", None),
+    ]

@@ -26,7 +26,8 @@ figures a caller needs and never a secret, a password or a message body.
             ├── TransientProviderError
             │   └── AmbiguousProviderError   the provider may have taken it (no answer)
             └── PermanentProviderError
-                └── MessageExpired           past `expires_at` before it reached the wire
+                ├── MessageExpired           past `expires_at` before it reached the wire
+                └── MessageSuperseded        a newer message of its key was committed first
 """
 
 from __future__ import annotations
@@ -318,3 +319,11 @@ class MessageExpired(PermanentProviderError):
 
     def __init__(self, message: str = "expired before it could be written to the wire") -> None:
         super().__init__("expired", message)
+
+
+class MessageSuperseded(PermanentProviderError):
+    """A newer message of the same replacement key was committed while this one waited, and
+    before any of it was written to the wire: it ends `superseded`, not sent (nor retried)."""
+
+    def __init__(self, message: str = "superseded before it could be written to the wire") -> None:
+        super().__init__("superseded", message)

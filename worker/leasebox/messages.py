@@ -199,7 +199,19 @@ StorableText = Annotated[str, AfterValidator(_storable_text)]
 
 
 class OutboxMessage(BaseModel):
-    """One logical send: who gets which template with which variables."""
+    """One logical send: who gets which template with which variables.
+
+    `replacement_key` makes "resend code" safe: messages with the same key replace one
+    another, so enqueuing one supersedes every older message of the key not yet written to
+    the wire (pending ones in the same transaction, a claimed one at the worker's check
+    right before the wire). It is an explicit key, such as the challenge's id, rather than
+    "same aggregate id and kind", because an aggregate (a user) may hold two live
+    challenges of one kind at once (a login and an email change), which must not cancel
+    each other; and because only a message that has a key can be superseded, only those
+    pay for the worker's check against the database before the wire. It is a field of the
+    message, not an argument of `enqueue`, so that `enqueue_many`, the ORM adapters and
+    `leasebox enqueue` carry it per message as they carry the rest.
+    """
 
     # Errors never quote what they refused: it may be a secret.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -216,6 +228,7 @@ class OutboxMessage(BaseModel):
         default=None, ge=1, le=100, description="None: the worker's limit (default 8)"
     )
     available_at: datetime | None = None
+    replacement_key: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("data")
     @classmethod
@@ -268,7 +281,7 @@ class OutboxMessage(BaseModel):
             )
         return value
 
-    @field_validator("delivery_key")
+    @field_validator("delivery_key", "replacement_key")
     @classmethod
     def _printable_key(cls, value: str | None) -> str | None:
         if value is not None and not visible(value):

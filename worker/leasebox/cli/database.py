@@ -60,6 +60,11 @@ def register(subparsers: Any) -> None:
     enqueue.add_argument("--scope", help="namespace of the idempotency key (default: default)")
     enqueue.add_argument("--ttl", type=float, help="seconds after which it is never sent")
     enqueue.add_argument(
+        "--replacement-key",
+        metavar="KEY",
+        help="supersede the older messages of this key not yet sent (resend code)",
+    )
+    enqueue.add_argument(
         "--max-attempts", type=int, help="attempt limit for this message (default: the worker's, 8)"
     )
     enqueue.add_argument(
@@ -178,6 +183,7 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
         "data": data,
         "secrets": secrets,
         "max_attempts": args.max_attempts,
+        "replacement_key": args.replacement_key,
     }
     if args.ttl is not None:
         fields["expires_at"] = datetime.now(UTC) + timedelta(seconds=args.ttl)

@@ -64,13 +64,20 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     chosen = {o.name: values[o.name] for o in OPTIONS if o.target is Target.SETTINGS}
     chosen["batch_size"] = chosen["batch_size"] or chosen["concurrency"]
     chosen["worker_id"] = chosen["worker_id"] or default_worker_id()
+    if chosen["quota_rate"] is not None and not chosen["quota_account"]:
+        chosen["quota_account"] = account_of(values["provider_url"])
     try:
         settings = WorkerSettings(**chosen)
     except ConfigurationError as exc:
         # The settings check values, not sources: name where a value they refuse came from.
         named: tuple[tuple[str, options.Option[Any]], ...] = (
+            ("priorit", options.PRIORITIES),
+            ("aging", options.PRIORITIES),
             ("kind", options.KINDS),
             ("retention", options.RETENTION),
+            ("quota burst", options.QUOTA_BURST),
+            ("quota account", options.QUOTA_ACCOUNT),
+            ("quota", options.QUOTA),
         )
         for word, option in named:
             if word in str(exc):
@@ -86,6 +93,20 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     for logging_option in (options.LOG_FORMAT, options.LOG_LEVEL):
         del process[logging_option.name]
     return ProcessConfig(settings=settings, dsn=database(args, environ).dsn, **process)
+
+
+def account_of(provider_url: str) -> str:
+    """The provider account a URL names, without its credentials or options: workers with
+    the same provider URL share a quota unless they name their account."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(provider_url)
+    host = parts.hostname or ""
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # refused with its reason when the provider is built
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -27,8 +27,18 @@ from leasebox.store.history import (
 )
 
 # The events that end a lease; `lease_lost` comes from a worker whose lease already ended.
+# `superseded` ends one when a worker's check before the wire found the newer message, and
+# happens outside any lease (no token) when the producer's transaction replaced it pending.
 ENDINGS = frozenset(
-    {Event.SENT, Event.RETRY, Event.AMBIGUOUS, Event.DEAD, Event.RELEASED, Event.LEASE_EXPIRED}
+    {
+        Event.SENT,
+        Event.RETRY,
+        Event.AMBIGUOUS,
+        Event.DEAD,
+        Event.RELEASED,
+        Event.LEASE_EXPIRED,
+        Event.SUPERSEDED,
+    }
 )
 IN_FLIGHT = "in_flight"
 UNRECORDED = "unrecorded"
@@ -83,6 +93,7 @@ class Attempt:
     error: str | None = None
     dead_reason: str | None = None
     provider_message_id: str | None = None
+    superseded_by: int | None = None
     late: LateReport | None = None
 
     @property
@@ -142,6 +153,9 @@ class SendStory:
     ownership: Ownership
     workers: tuple[str, ...]
     copies: Copies
+    replacement_key: str | None = None
+    superseded_by: int | None = None
+    """The newer message of its replacement key that replaced it (status `superseded`)."""
 
     @property
     def requests(self) -> int:
@@ -235,6 +249,8 @@ def build_story(
         ownership=ownership(attempts),
         workers=_workers(attempts),
         copies=count_copies(attempts),
+        replacement_key=row.replacement_key,
+        superseded_by=row.superseded_by,
     )
 
 
@@ -250,6 +266,8 @@ def pair_attempts(events: Iterable[HistoryEvent], row: TracedRow) -> tuple[Attem
     for event in events:
         if event.event not in ENDINGS | {Event.CLAIMED, Event.LEASE_LOST}:
             continue
+        if event.event == Event.SUPERSEDED and event.lease_token is None:
+            continue  # replaced while pending: no attempt
         token = str(event.lease_token) if event.lease_token is not None else None
         index = by_token.get(token) if token is not None else None
         if event.event == Event.CLAIMED or index is None:
@@ -302,6 +320,7 @@ def _settle(attempt: Attempt, event: HistoryEvent) -> Attempt:
         error=event.error,
         dead_reason=event.dead_reason,
         provider_message_id=event.provider_message_id,
+        superseded_by=event.superseded_by,
         worker_id=attempt.worker_id or event.worker_id,
         lease_expires_at=event.lease_expires_at or attempt.lease_expires_at,
     )

@@ -7,9 +7,11 @@ the advisory locks of all its keys, so a batch of N costs one round trip whateve
 
 Each message behaves as it would through `enqueue`: a live receipt of the same request is
 reused (and counted), a delivery key already in the outbox with the same message is the same
-send, a new one is written with its receipt. Inside the batch, a key given twice for the same
-request is one send (the later one gets the earlier one's receipt, `reused=True`), and so is
-an explicit delivery key given twice for the same message.
+send, a new one is written with its receipt, and one with a replacement key supersedes the
+pending messages of its key. Inside the batch, a key given twice for the same request is one
+send (the later one gets the earlier one's receipt, `reused=True`), and so is an explicit
+delivery key given twice for the same message; of two messages written with one replacement
+key, the later supersedes the earlier (which is written, and never queued).
 
 A conflict (a key reused for a different request, against the database or inside the batch)
 writes nothing at all: `BatchConflict` lists every offending message, so the caller can drop
@@ -136,16 +138,26 @@ def _prepare(
         columns["expires_at"].append(message.expires_at)
         columns["idempotency_keys"].append(key)
         columns["request_hashes"].append(fingerprint)
+        columns["replacement_keys"].append(message.replacement_key)
     if conflicts:
         raise BatchConflict(scope_name, conflicts)
 
     receipt_keys = [f"leasebox.receipt\x1f{scope_name}\x1f{k}" for k in by_key]
     delivery_locks = [f"leasebox.delivery\x1f{k}" for k in by_delivery_key]
+    replacement_locks = [
+        f"leasebox.replacement\x1f{k}"
+        for k in dict.fromkeys(columns["replacement_keys"])
+        if k is not None
+    ]
     lock = None
-    if receipt_keys or delivery_locks:
+    if receipt_keys or delivery_locks or replacement_locks:
         lock = (
             query_bytes("lock_keys", schema),
-            {"receipt_keys": receipt_keys, "delivery_keys": delivery_locks},
+            {
+                "receipt_keys": receipt_keys,
+                "delivery_keys": delivery_locks,
+                "replacement_keys": replacement_locks,
+            },
         )
     params: dict[str, Any] = {
         **columns,
@@ -178,6 +190,7 @@ _COLUMNS = (
     "expires_at",
     "idempotency_keys",
     "request_hashes",
+    "replacement_keys",
 )
 
 

@@ -58,14 +58,17 @@ def _plan(
     message_hash = message.request_hash()
     fingerprint = request_hash or message_hash
     explicit_key = message.delivery_key
-    # Serialise requests with the same idempotency key, then with the same delivery key (in
-    # this order, before the guard's locks, so that no two producers wait in a cycle): a
-    # statement that runs after a lock sees the row its holder committed.
+    # Serialise requests with the same idempotency key, then with the same delivery key, then
+    # with the same replacement key (in this order, before the guard's locks, so that no two
+    # producers wait in a cycle): a statement that runs after a lock sees the row its holder
+    # committed, so of two messages of one replacement key the later supersedes the earlier.
     keys: list[str] = []
     if idempotency_key is not None:
         keys.append(f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}")
     if explicit_key is not None:
         keys.append(f"leasebox.delivery\x1f{explicit_key}")
+    if message.replacement_key is not None:
+        keys.append(f"leasebox.replacement\x1f{message.replacement_key}")
     locks = [("lock_key", {"key": key}) for key in keys]
     if guard is not None:
         # A request that reuses its receipt or its row is no new send and never counts.
@@ -130,6 +133,7 @@ def _plan(
         "ttl_seconds": receipt_ttl_seconds,
         # Taken by the statement itself, first, unless an earlier step took them.
         "locks": keys if locks else [],
+        "replacement_key": message.replacement_key,
     }
     row = yield one("enqueue", write)
     if row is None:

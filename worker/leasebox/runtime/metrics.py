@@ -51,6 +51,7 @@ METRIC_NAMES = (
     "leasebox_sent_total",
     "leasebox_retries_total",
     "leasebox_dead_letters_total",
+    "leasebox_superseded_total",
     "leasebox_lease_lost_total",
     "leasebox_leases_reclaimed_total",
     "leasebox_send_duration_seconds",
@@ -168,6 +169,13 @@ class WorkerMetrics:
             ["kind", "reason"],
             registry=r,
         )
+        self.superseded = Counter(
+            "leasebox_superseded_total",
+            "Claimed messages that a newer message of their replacement key replaced before "
+            "they reached the wire (ended superseded, not sent).",
+            ["kind"],
+            registry=r,
+        )
         self.lease_lost = Counter(
             "leasebox_lease_lost_total",
             "Settling statements that found the lease gone (another worker owns the row).",
@@ -260,6 +268,7 @@ class WorkerMetrics:
         """Create every per-kind series at zero before the first event."""
         for kind in kinds:
             self.kind(kind)
+            self.superseded.labels(kind)
             for reason in DeadReason:
                 self.dead_letters.labels(kind, reason)
 

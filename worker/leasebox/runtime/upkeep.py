@@ -27,7 +27,7 @@ from leasebox.errors import LeaseboxError
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason, Status
-from leasebox.store import sweeps
+from leasebox.store import quotas, sweeps
 from leasebox.store.pruning import PruneResult, prune
 
 log = logging.getLogger("leasebox.worker")
@@ -80,11 +80,17 @@ async def sweep(
             return touched
 
 
-async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
-    """Set `wake` whenever rows are inserted into `schema`'s outbox; reconnects forever.
+async def listen_for_rows(
+    dsn: str,
+    schema: str,
+    wake: asyncio.Event,
+    quota_paused: Callable[[str, float], None] | None = None,
+) -> None:
+    """Set `wake` whenever rows are inserted into `schema`'s outbox, and tell `quota_paused`
+    (account, until) of a provider account's pause; reconnects forever.
 
     The trigger notifies once per INSERT statement with the schema as payload, so one
-    channel serves every schema on the server.
+    channel serves every schema on the server; a pause says `<schema>:quota:...`.
     """
     failures = 0
     while True:
@@ -99,6 +105,10 @@ async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
                 async for notify in conn.notifies():
                     if notify.payload == schema:
                         wake.set()
+                    elif quota_paused is not None:
+                        paused = quotas.pause_notice(notify.payload, schema)
+                        if paused is not None:
+                            quota_paused(*paused)
         except (psycopg.Error, OSError) as exc:
             failures += 1
             if failures == 1:

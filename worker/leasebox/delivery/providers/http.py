@@ -16,8 +16,9 @@ makes the next attempt wait at least that long. A connection the API drops after
 went out is ambiguous (it may have accepted it); the retry carries the same Idempotency-Key.
 
 Waits are bounded and checked: at most `MAX_CONNECTIONS` requests are in flight, a request
-waits for a slot no longer than the timeout, and the message's expiry is checked after that
-wait, right before the request is written. Readiness (`check`) is a TCP (and TLS) connect to
+waits for a slot no longer than the timeout, and the message's expiry (and, for a message
+with a replacement key, whether a newer one replaced it) is checked after that wait, right
+before the request is written. Readiness (`check`) is a TCP (and TLS) connect to
 the endpoint, cached for `check_interval` seconds so that probes cost the API nothing.
 """
 
@@ -185,7 +186,7 @@ class HttpProvider:
         target = self.settings.target
         await acquire_slot(self._slots, self.settings.timeout, self.settings.target)
         try:
-            email.raise_if_expired()
+            await email.raise_if_stale()
             async with session.post(
                 self.settings.endpoint,
                 json=request_body(email, self.settings.sender),

@@ -21,7 +21,9 @@ the pooled connection serves the next message.
 Waiting for a free connection is bounded by the timeout, and the message's expiry is checked
 after every wait: once the connection is ours, before the envelope, and again right before
 the message's first byte (after the replies to MAIL, RCPT and DATA). An OTP that expired
-meanwhile is never written to the wire.
+meanwhile is never written to the wire. A message with a replacement key is also checked in
+the database at that last point, after the 354 (the server waits meanwhile): one that a newer
+message of its key replaced ends `superseded` without a byte of it sent.
 """
 
 from __future__ import annotations
@@ -282,8 +284,11 @@ class SmtpProvider:
         self, wire: SmtpWire, email: Email, envelope: tuple[bytes, bytes], message: bytes
     ) -> None:
         email.raise_if_expired()  # the connection is ours: nothing of the message is out yet
+        # A message that a newer one may replace is checked in the database at the 354, right
+        # before its first byte; any other goes out at once.
+        gate = email.raise_if_stale if email.superseded is not None else None
         try:
-            reply = await wire.transaction(*envelope, message, email.raise_if_expired)
+            reply = await wire.transaction(*envelope, message, email.raise_if_expired, gate)
         except Refused as refused:
             await self._reset(wire)
             what = "refused the recipient" if refused.step is RCPT else "rejected the message"
