@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pytest's own process (for a debugger, or -x to stop at the first failure in order).
 TEST_PROCESSES ?= 2
 
-.PHONY: help install tools cluster-programs cluster demo test test-second-pg lint format crds bench bench-quick bench-deps mutate clean
+.PHONY: help install tools cluster-programs cluster demo test test-second-pg lint format crds docs bench bench-quick bench-deps mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -76,6 +76,9 @@ crds: install ## regenerate crds/ and the chart's copies of the CRD and of the a
 	$(BIN)/leasebox crd > crds/outboxworkerpools.leasebox.dev.yaml
 	cp crds/outboxworkerpools.leasebox.dev.yaml charts/leasebox/files/crds/
 	cp operator/leasebox_operator/rules/leasebox-rules.yaml charts/leasebox/files/alerts/
+
+docs: install ## regenerate the README's reference tables and the chart's README from the code
+	$(BIN)/python -m tools.docs
 
 BENCH_ARGS ?=
 

@@ -99,6 +99,9 @@ def _drain_with_product_statements(
         "lease_seconds": 45.0,
         "after_at": [None],
         "after_id": [None],
+        "priorities": [0],
+        "aging": [0.0],
+        "aged_limit": 0,
         "worker_id": worker,
         "now": None,
     }

@@ -238,6 +238,42 @@ def render(results: dict[str, Any]) -> str:
                 ],
             )
         )
+    if results.get("otp_backlog"):
+        parts.append(
+            "**OTP behind a verification backlog** (one worker, null://, enqueue to sent)\n\n"
+            + _table(
+                ["claim order", "backlog", "OTPs behind it", "p50 ms", "p99 ms", "max ms"],
+                [
+                    [
+                        "priorities" if r["priorities"] else "first in, first out",
+                        _num(r["backlog"]),
+                        _num(r["otps_behind_the_backlog"]),
+                        _num(r["p50_ms"], 1),
+                        _num(r["p99_ms"], 1),
+                        _num(r["max_ms"], 1),
+                    ]
+                    for r in results["otp_backlog"]
+                ],
+            )
+        )
+    if results.get("quota"):
+        parts.append(
+            "**Shared quota** (worker processes of one account, burst 1, at the sink's clock)\n\n"
+            + _table(
+                ["workers", "quota/s", "messages", "measured/s", "of the quota", "ahead s"],
+                [
+                    [
+                        _num(r["workers"]),
+                        _num(r["quota_per_second"]),
+                        _num(r["received"]),
+                        _num(r["rate_per_second"], 2),
+                        _num(r["accuracy"], 4),
+                        _num(r["ahead_seconds"], 3),
+                    ]
+                    for r in results["quota"]
+                ],
+            )
+        )
     if results.get("profiles"):
         parts.append(
             "**Profiles of the drain** (share of the drain's CPU samples, start-up left out)\n\n"

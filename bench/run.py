@@ -25,13 +25,24 @@ from bench.drain import DrainResult, run_drain
 from bench.enqueue_rate import run_enqueue
 from bench.history import run_history
 from bench.latency import run_latency
+from bench.otp_semantics import run_backlog_latency, run_quota
 from bench.pgserver import bench_server
 from bench.profile_drain import run_profile
 from bench.providers import SMTP_POOL_SIZE, run_http, run_smtp
 from bench.standins import SmtpServer
 from bench.systems import FACTORIES, NODE_SYSTEMS, leasebox_worker_ready
 
-BENCHMARKS = ("drain", "backlog", "history", "enqueue", "providers", "latency", "profile")
+BENCHMARKS = (
+    "drain",
+    "backlog",
+    "history",
+    "enqueue",
+    "providers",
+    "latency",
+    "otp-backlog",
+    "quota",
+    "profile",
+)
 DEFAULT_JSON = Path("bench/results/latest.json")
 PYTHON_PEERS = {"pgqueuer": "pgqueuer", "procrastinate": "procrastinate"}
 BACKLOG_SYSTEMS = ("leasebox", "minimal")
@@ -55,6 +66,12 @@ class Sizes:
     smtp_rows: int = 10_000
     latency_rate: float = 500.0
     latency_seconds: float = 15.0
+    otp_backlog: int = 100_000
+    otp_rate: float = 50.0
+    otp_seconds: float = 4.0
+    quota_workers: tuple[int, ...] = (1, 4, 16)
+    quota_rate: float = 50.0
+    quota_seconds: float = 20.0
     profile_rows: int = 100_000
     profile_smtp_rows: int = 5_000
 
@@ -71,6 +88,11 @@ QUICK = Sizes(
     http_rows=1_000,
     smtp_rows=1_000,
     latency_seconds=3.0,
+    otp_backlog=10_000,
+    otp_rate=100.0,
+    otp_seconds=1.0,
+    quota_rate=25.0,
+    quota_seconds=3.0,
     profile_rows=5_000,
     profile_smtp_rows=500,
 )
@@ -217,6 +239,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["latency"] = [
                 r.as_dict() for r in run_latency(server, sizes.latency_rate, sizes.latency_seconds)
             ]
+        if "otp-backlog" in chosen:
+            print(f"  OTP latency behind {sizes.otp_backlog:,} verifications ...", flush=True)
+            results["otp_backlog"] = [
+                r.as_dict()
+                for r in run_backlog_latency(
+                    server, sizes.otp_backlog, sizes.otp_rate, sizes.otp_seconds
+                )
+            ]
+        if "quota" in chosen:
+            print(f"  quota accuracy with {sizes.quota_workers} workers ...", flush=True)
+            results["quota"] = [
+                r.as_dict()
+                for r in run_quota(
+                    server, sizes.quota_workers, sizes.quota_rate, sizes.quota_seconds
+                )
+            ]
         if "profile" in chosen:
             print(f"  profile of a {sizes.profile_rows:,}-row drain (null://) ...", flush=True)
             profiles = [run_profile(server, sizes.profile_rows)]
@@ -274,6 +312,14 @@ def failures(results: dict[str, Any]) -> list[str]:
         if r.get("error") and not str(r["error"]).startswith("missing")
     ]
     found += [f"latency: {r['error']}" for r in results.get("latency", []) if r.get("error")]
+    found += [
+        f"otp-backlog: {r['error']}" for r in results.get("otp_backlog", []) if r.get("error")
+    ]
+    found += [
+        f"quota {r['workers']} workers: {r['error']}"
+        for r in results.get("quota", [])
+        if r.get("error")
+    ]
     return found
 
 

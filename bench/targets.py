@@ -407,6 +407,50 @@ def latency_targets(latency: Sequence[Mapping[str, Any]]) -> list[Target]:
     return found
 
 
+def otp_backlog_targets(rows: Sequence[Mapping[str, Any]]) -> list[Target]:
+    """An OTP behind a verification backlog is sent within the latency target's p99."""
+    found = []
+    for row in rows:
+        if not row["priorities"]:
+            continue
+        p99 = row["p99_ms"]
+        value = None if p99 is None or row["error"] else float(p99) / 10.0
+        fifo = next((r for r in rows if not r["priorities"]), None)
+        yardstick = "" if fifo is None else f"; first in, first out: p99 {fifo['p99_ms']} ms"
+        found.append(
+            judged(
+                "otp-behind-backlog",
+                f"p99 OTP enqueue-to-sent < 10 ms behind {row['backlog']:,} verifications",
+                value,
+                f"p99 {p99} ms, p50 {row['p50_ms']} ms of the {row['otps_behind_the_backlog']} "
+                f"OTPs enqueued behind it{yardstick}; ratio is to 10 ms",
+                below=1.0,
+            )
+        )
+    return found
+
+
+def quota_targets(rows: Sequence[Mapping[str, Any]]) -> list[Target]:
+    """The account's rate holds within 5 % however many workers share it."""
+    found = []
+    for row in rows:
+        accuracy = row["accuracy"]
+        value = None if accuracy is None or row["error"] else abs(float(accuracy) - 1) / 0.05
+        found.append(
+            judged(
+                f"quota-{row['workers']}-workers",
+                f"a {row['quota_per_second']:g}/s quota within 5 % shared by "
+                f"{row['workers']} workers",
+                value,
+                f"{row['rate_per_second']}/s at the sink ({accuracy} of the quota), furthest "
+                f"ahead of the quota's pace {row['ahead_seconds']} s; ratio is the deviation "
+                "over 5 %",
+                at_most=1.0,
+            )
+        )
+    return found
+
+
 def all_targets(results: Mapping[str, Any]) -> list[Target]:
     """Every target the run has figures for, in the issue's order."""
     drain = results.get("drain", [])
@@ -419,4 +463,6 @@ def all_targets(results: Mapping[str, Any]) -> list[Target]:
     found += enqueue_targets(results.get("enqueue", []))
     found += provider_targets(results.get("providers"))
     found += latency_targets(results.get("latency", []))
+    found += otp_backlog_targets(results.get("otp_backlog", []))
+    found += quota_targets(results.get("quota", []))
     return found

@@ -1,1 +1,1 @@
-"""Project tooling that is not part of the product: the mutation gate."""
+"""Project tooling that is not part of the product: the mutation gate, the generated docs."""

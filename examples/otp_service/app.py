@@ -8,7 +8,8 @@ challenge and creates nothing; the same key for another address is 422; more tha
 (`leasebox worker --provider ...`) then sends the email, once, even if this service crashed
 right after answering.
 
-Run it (PostgreSQL at DATABASE_URL, a libpq URL such as postgresql://app@localhost/app):
+Run it (PostgreSQL at DATABASE_URL, such as postgresql+asyncpg://app@localhost/app or
+postgresql://app@localhost/app; the same URL serves `leasebox migrate` and the worker):
 
     leasebox migrate                   # the outbox tables, once
     uvicorn --factory examples.otp_service.app:create_app
@@ -29,7 +30,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
 from psycopg import conninfo
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sqlalchemy import DateTime, String
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -117,17 +118,9 @@ def create_app(
                 secrets={"code": code},
                 expires_at=expires_at,
             )
-        except ValidationError:
+        except leasebox.InvalidMessage:
             raise HTTPException(422, "email is not a valid address") from None
         async with sessions() as session:
-            session.add(
-                Challenge(
-                    id=challenge_id,
-                    email=body.email,
-                    code_sha256=hashlib.sha256(code.encode()).hexdigest(),
-                    expires_at=expires_at,
-                )
-            )
             try:
                 receipt = await leasebox.sqlalchemy.enqueue_async(
                     session,
@@ -151,11 +144,19 @@ def create_app(
                     "too many codes for this address; try again later",
                     headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))},
                 ) from None
-            if receipt.reused:
-                # The first request's challenge stands; this one's is discarded with its code.
-                await session.rollback()
-            else:
-                await session.commit()
+            if not receipt.reused:
+                # A new send: its challenge commits with it. A retried request adds nothing
+                # (the first request's challenge stands), and still commits: the commit
+                # records the retry on the receipt, which a rollback would erase.
+                session.add(
+                    Challenge(
+                        id=challenge_id,
+                        email=body.email,
+                        code_sha256=hashlib.sha256(code.encode()).hexdigest(),
+                        expires_at=expires_at,
+                    )
+                )
+            await session.commit()
         answer: dict[str, Any] = {
             "challenge_id": receipt.delivery_key.removeprefix("otp:"),
             "outbox_id": receipt.outbox_id,

@@ -99,7 +99,18 @@ def worker_settings(pool: Pool) -> dict[str, object]:
         chosen[options.TEMPLATES.name] = PurePosixPath(TEMPLATES_DIR)
     if spec.database.retention_days is not None:
         chosen[options.RETENTION.name] = spec.database.retention_days * 86400.0
-    return chosen
+    if spec.priorities:
+        sla = spec.sla.oldest_pending_age_seconds
+        chosen[options.PRIORITIES.name] = tuple(
+            options.KindPriority(p.kind, p.priority, float(p.sla_seconds or sla))
+            for p in spec.priorities
+        )
+    quota = spec.provider.quota
+    if quota is not None:
+        chosen[options.QUOTA.name] = quota.per_second
+        chosen[options.QUOTA_BURST.name] = quota.burst
+        chosen[options.QUOTA_ACCOUNT.name] = quota.account
+    return {name: value for name, value in chosen.items() if value is not None}
 
 
 def worker_env(pool: Pool) -> list[dict[str, Any]]:

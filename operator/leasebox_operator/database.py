@@ -20,10 +20,10 @@ import psycopg
 from psycopg import conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from leasebox.db.connections import connection_error
+from leasebox.db.connections import connection_error, libpq_dsn
 from leasebox.db.migrations import expected_schema_version
 from leasebox.db.queries import query
-from leasebox.errors import NotMigrated
+from leasebox.errors import ConfigurationError, NotMigrated
 from leasebox.store.backlog import GENERIC_PLANS, Backlog, fetch_backlog_async
 from leasebox_operator.errors import PollError, PoolProblem, SecretError
 from leasebox_operator.models import PoolSpec
@@ -158,8 +158,9 @@ class DatabaseBacklogSource:
         except SecretError as exc:
             raise PollError(exc.message, exc.reason) from None
         try:
+            dsn = libpq_dsn(dsn)  # SQLAlchemy's spellings, as in an application's DATABASE_URL
             conninfo.conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError:
+        except (psycopg.ProgrammingError, ConfigurationError):
             raise PollError(
                 f"key {ref[1]!r} of Secret {self.namespace}/{ref[0]} is not a PostgreSQL DSN",
                 "InvalidDSN",

@@ -92,6 +92,19 @@ class OperatorMetrics:
             POOL_LABELS,
             registry=r,
         )
+        self.quota = Gauge(
+            "leasebox_pool_quota_per_second",
+            "The pool's provider quota, messages a second (no series without one)",
+            POOL_LABELS,
+            registry=r,
+        )
+        self.quota_breach = Gauge(
+            "leasebox_pool_quota_sla_breach_seconds",
+            "Seconds until the backlog exceeds the SLA at the provider quota, while messages "
+            "arrive faster than it (no series otherwise)",
+            POOL_LABELS,
+            registry=r,
+        )
         self.paused = Gauge(
             "leasebox_pool_paused",
             "1 when the pool's replicas are frozen",
@@ -171,6 +184,19 @@ class OperatorMetrics:
         self.ready_replicas.labels(namespace, pool).set(ready)
         self.desired_replicas.labels(namespace, pool).set(desired)
 
+    def observe_quota(
+        self, namespace: str, pool: str, quota: float | None, breach_in: float | None
+    ) -> None:
+        """The pool's quota and, while arrivals exceed it, when the SLA will be breached."""
+        if quota is None:
+            _remove(self.quota, namespace, pool)
+        else:
+            self.quota.labels(namespace, pool).set(quota)
+        if breach_in is None:
+            _remove(self.quota_breach, namespace, pool)
+        else:
+            self.quota_breach.labels(namespace, pool).set(breach_in)
+
     def poll_failed(self, namespace: str, pool: str) -> None:
         self.poll_errors.labels(namespace, pool).inc()
         self.database_reachable.labels(namespace, pool).set(0)
@@ -190,6 +216,8 @@ class OperatorMetrics:
             self.sla_seconds,
             self.arrivals,
             self.database_reachable,
+            self.quota,
+            self.quota_breach,
             self.paused,
             self.poll_errors,
         ):

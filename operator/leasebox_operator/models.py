@@ -30,6 +30,8 @@ SHORT_NAMES = ("owp",)
 API_VERSION = f"{GROUP}/{VERSION}"
 
 DATA_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+QUOTA_ACCOUNT = r"^[!-~]+$"  # printable ASCII, no spaces
+MAX_QUOTA_PER_SECOND = 100_000
 SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
 CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 MAX_NAME_LENGTH = 56  # leaves room for "-worker" in a 63-character label value
@@ -39,7 +41,8 @@ TEMPLATES_DIR = "/etc/leasebox/templates"
 OPERATOR_SETTINGS = (
     options.SCHEMA, options.KINDS, options.CONCURRENCY, options.LEASE_SECONDS, options.GRACE,
     options.MAX_ATTEMPTS, options.BACKOFF_BASE, options.BACKOFF_MAX, options.METRICS_PORT,
-    options.LOG_FORMAT, options.TEMPLATES, options.RETENTION,
+    options.LOG_FORMAT, options.TEMPLATES, options.RETENTION, options.QUOTA,
+    options.QUOTA_BURST, options.QUOTA_ACCOUNT, options.PRIORITIES,
 )  # fmt: skip
 # Secrets reach the worker by reference under these names.
 DSN_VARIABLE = DSN_VARIABLES[0]
@@ -129,11 +132,47 @@ class DatabaseSpec(Model):
     your producers' receipt TTL if they use a longer one."""
 
 
+class QuotaSpec(Model):
+    """The provider account's send quota, shared through the database by every worker of
+    every pool that names the same account (Amazon SES starts at 14 messages a second)."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!has(self.burst) || self.burst <= self.messages",
+            "burst must not exceed messages: the quota keeps at most one period's worth",
+            lambda q: q.burst is None or q.burst <= q.messages,
+        ),
+        CelRule(
+            "self.messages <= 100000 * self.perSeconds",
+            "the quota must be at most 100000 messages a second",
+            lambda q: q.messages <= MAX_QUOTA_PER_SECOND * q.per_seconds,
+        ),
+    )
+    model_config = cel(cel_rules)
+
+    messages: int = Field(ge=1, le=1_000_000_000)
+    """Messages the account may send per period."""
+    per_seconds: int = Field(1, ge=1, le=86400)
+    """The period, in seconds: 1 for a rate a second, 60 a minute, 86400 a day."""
+    burst: int | None = Field(None, ge=1, le=1_000_000_000)
+    """Messages the quota lets out at once after an idle spell; unset: a second's worth."""
+    account: Annotated[str, StringConstraints(pattern=QUOTA_ACCOUNT, max_length=200)] | None = None
+    """The provider account's name: pools naming the same account share its quota. Unset:
+    the provider URL without its credentials and options (pools with the same URL share)."""
+
+    @property
+    def per_second(self) -> float:
+        return self.messages / self.per_seconds
+
+
 class ProviderSpec(Model):
     """How workers send mail."""
 
     secret_ref: ProviderSecretRef
     """Secret holding the provider URL."""
+    quota: QuotaSpec | None = None
+    """The account's send quota: enforced across the workers, and the most the operator
+    scales the pool for."""
 
 
 class SLASpec(Model):
@@ -290,6 +329,20 @@ class WorkerSpec(Model):
     podTemplate); merged into the Deployment without loosening its security context."""
 
 
+class KindPrioritySpec(Model):
+    """How urgent one kind is: claimed before the kinds of a lower priority, except that a
+    message of a lower priority that has waited longer than its own SLA goes ahead anyway,
+    within a quarter of each claim, so that no kind starves."""
+
+    kind: Kind
+    """One of spec.kinds."""
+    priority: int = Field(ge=-1000, le=1000)
+    """Higher first; a kind not listed is 0."""
+    sla_seconds: int | None = Field(None, ge=1, le=86400)
+    """How long a message of this kind may wait, from creation, before it goes ahead of
+    higher priorities; unset: spec.sla.oldestPendingAgeSeconds."""
+
+
 class MonitoringSpec(Model):
     """Prometheus Operator objects the operator creates for the pool."""
 
@@ -315,6 +368,11 @@ class PoolSpec(Model):
             "mode Operator the operator sizes the pool",
             lambda s: s.replicas is None or s.scaling.mode == "External",
         ),
+        CelRule(
+            "!has(self.priorities) || self.priorities.all(p, p.kind in self.kinds)",
+            "every priorities[].kind must be one of spec.kinds",
+            lambda s: all(p.kind in s.kinds for p in s.priorities or ()),
+        ),
     )
     model_config = cel(cel_rules)
 
@@ -334,6 +392,21 @@ class PoolSpec(Model):
     """Scaling mode, bounds and tuning."""
     worker: WorkerSpec = Field(default_factory=WorkerSpec, json_schema_extra=_EMPTY_DEFAULT)
     """The worker pods."""
+    priorities: (
+        Annotated[
+            list[KindPrioritySpec],
+            Field(
+                max_length=64,
+                json_schema_extra={
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["kind"],
+                },
+            ),
+        ]
+        | None
+    ) = None
+    """Urgent kinds first: each listed kind's priority in the claim, and after how long a
+    waiting message of a lower one goes ahead anyway. Unset: oldest first, whatever the kind."""
     paused: bool = False
     """Freeze the replica count; the backlog is still observed and reported."""
     monitoring: MonitoringSpec = Field(
@@ -353,7 +426,7 @@ class Condition(Model):
     """A condition shaped like `metav1.Condition`."""
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=316)]
-    """Ready, DatabaseReachable, SLAMet, ScalingLimited or Paused."""
+    """Ready, DatabaseReachable, SLAMet, ScalingLimited, QuotaSufficient or Paused."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     observed_generation: int | None = Field(None, ge=0)
@@ -426,13 +499,13 @@ class PoolStatus(Model):
             "x-kubernetes-list-map-keys": ["type"],
         },
     )
-    """Ready, DatabaseReachable, SLAMet, ScalingLimited and Paused."""
+    """Ready, DatabaseReachable, SLAMet, ScalingLimited, QuotaSufficient and Paused."""
 
 
 def cel_rules() -> dict[str, tuple[CelRule, ...]]:
     """Every cross-field rule by the model that declares it (tests check the CRD has them)."""
     from leasebox_operator import kubetypes
 
-    models: list[type[Model]] = [PoolSpec, ScalingSpec, WorkerSpec]
+    models: list[type[Model]] = [PoolSpec, ScalingSpec, WorkerSpec, QuotaSpec]
     models += [kubetypes.EnvVarSource, kubetypes.Volume]
     return {"OutboxWorkerPool": POOL_RULES} | {m.__name__: m.cel_rules for m in models}

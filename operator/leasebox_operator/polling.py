@@ -21,10 +21,12 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from leasebox.scaling import policy as scaling
+from leasebox.scaling.quota import QuotaOutlook
 from leasebox.store.backlog import Backlog
 from leasebox_operator.conditions import (
     DATABASE_REACHABLE,
     PAUSED,
+    QUOTA_SUFFICIENT,
     SCALING_LIMITED,
     SLA_MET,
     ConditionUpdate,
@@ -98,6 +100,7 @@ def scaling_spec(spec: PoolSpec) -> scaling.ScalingSpec:
         startup_seconds=float(s.startup_seconds),
         backlog_budget_fraction=s.backlog_budget_percent / 100,
         rate_window_seconds=rate_window(s.poll_interval_seconds),
+        quota_per_second=None if spec.provider.quota is None else spec.provider.quota.per_second,
     )
 
 
@@ -160,6 +163,7 @@ class PoolPoller:
         self.deployment_missing = False
         self.last_poll: float | None = None
         self.schema_reason: str | None = None
+        self.quota_outlook: QuotaOutlook | None = None
 
     async def poll_once(self, spec: PoolSpec, generation: int | None) -> float:
         """Poll once; return the seconds to wait before the next poll."""
@@ -241,8 +245,9 @@ class PoolPoller:
         deployment: DeploymentState,
         now: float,
         arrival: float,
-    ) -> tuple[int, str, bool]:
-        """(replicas, reason, limited): the policy's in mode Operator, spec.replicas' else."""
+    ) -> tuple[int, str, bool, QuotaOutlook | None]:
+        """(replicas, reason, limited, quota outlook): the policy's in mode Operator,
+        spec.replicas' else (the quota outlook is the policy's either way)."""
         current = deployment.replicas
         if not self.policy.recommendations:
             # A (re)started operator has no history: count the running replicas as a
@@ -262,7 +267,7 @@ class PoolPoller:
         decision = scaling.decide(observation, scaling_spec(spec), self.policy)
         self.policy = decision.state
         if spec.scaling.mode == "Operator":
-            return decision.replicas, decision.reason, decision.limited
+            return decision.replicas, decision.reason, decision.limited, decision.quota
         wanted = current if spec.replicas is None else spec.replicas
         low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
         target = max(low, min(high, wanted))
@@ -270,7 +275,7 @@ class PoolPoller:
         reason = f"scale {direction} {current}→{target}: spec.replicas is {wanted} (mode External)"
         if target != wanted:
             reason += f", kept within {low}..{high}"
-        return target, reason, target != wanted
+        return target, reason, target != wanted, decision.quota
 
     async def _scale(
         self,
@@ -282,7 +287,15 @@ class PoolPoller:
         updates: list[ConditionUpdate],
     ) -> dict[str, Any]:
         current = deployment.replicas
-        target, reason, limited = self._target(spec, backlog, deployment, now, arrival)
+        target, reason, limited, outlook = self._target(spec, backlog, deployment, now, arrival)
+        self.quota_outlook = outlook
+        updates.append(self._quota(outlook))
+        self.metrics.observe_quota(
+            self.namespace,
+            self.name,
+            None if outlook is None else outlook.quota_per_second,
+            None if outlook is None else outlook.seconds_to_breach,
+        )
         fields: dict[str, Any] = {"desiredReplicas": target}
         replicas = current
         if not spec.paused and target != current:
@@ -379,6 +392,15 @@ class PoolPoller:
         )
 
     @staticmethod
+    def _quota(outlook: QuotaOutlook | None) -> ConditionUpdate:
+        if outlook is None:
+            return ConditionUpdate.of(
+                QUOTA_SUFFICIENT, True, "NoQuota", "the pool has no provider quota"
+            )
+        reason = "WithinQuota" if outlook.sufficient else "ArrivalsAboveQuota"
+        return ConditionUpdate.of(QUOTA_SUFFICIENT, outlook.sufficient, reason, outlook.message)
+
+    @staticmethod
     def _paused(spec: PoolSpec) -> ConditionUpdate:
         if spec.paused:
             return ConditionUpdate.of(
@@ -409,6 +431,13 @@ class PoolPoller:
                     )
                 else:
                     await self.kube.event("Normal", "SLAMet", f"oldest pending within {sla}s again")
+            elif kind == QUOTA_SUFFICIENT and self.quota_outlook is not None:
+                if new == "False":
+                    message = self.quota_outlook.message
+                    await self.kube.event("Warning", "ArrivalsAboveQuota", message)
+                else:
+                    fits = "arrivals fit in the quota again"
+                    await self.kube.event("Normal", "WithinQuota", fits)
             elif kind == PAUSED:
                 await self.kube.event(
                     "Normal",

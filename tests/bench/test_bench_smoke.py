@@ -25,6 +25,7 @@ from bench.enqueue_rate import (
     run_enqueue,
 )
 from bench.history import prune_oldest_day, retention_error, run_history, seed_history
+from bench.otp_semantics import run_backlog_latency, run_quota
 from bench.pgserver import BenchServer
 from bench.plain_worker import product_statements, without_history
 from bench.providers import run_http, run_smtp
@@ -180,7 +181,15 @@ def test_cutting_the_history_out_of_leasebox_statements_leaves_the_rest_intact(
         assert "{schema}.queue" in cut
         assert len(cut.splitlines()) < len(shipped.splitlines())
     claim, mark = product_statements(history=False)
-    params = {"kinds": ["otp"], "after_at": [None], "after_id": [None], "limit": 1}
+    params = {
+        "kinds": ["otp"],
+        "after_at": [None],
+        "after_id": [None],
+        "priorities": [0],
+        "aging": [0.0],
+        "aged_limit": 0,
+        "limit": 1,
+    }
     db_conn.execute(claim, {**params, "lease_seconds": 1, "worker_id": "w", "now": None})
     db_conn.execute(
         mark,
@@ -266,6 +275,27 @@ def test_the_smtp_benchmark_sends_every_row_once_over_pooled_connections(
 
     assert found["worker"]["ok"], found["worker"]
     assert found["worker"]["cpu_us_per_message"] is not None
+
+
+@pytest.mark.slow
+def test_the_quota_benchmark_measures_every_message_at_the_sink(
+    bench_server: BenchServer,
+) -> None:
+    [found] = run_quota(bench_server, [2], rate=40.0, seconds=1.0)
+
+    assert found.error == "", found
+    assert found.received == found.messages == 40
+    assert found.accuracy is not None
+
+
+@pytest.mark.slow
+def test_the_otp_backlog_benchmark_times_the_otps_behind_the_backlog_both_ways(
+    bench_server: BenchServer,
+) -> None:
+    found = run_backlog_latency(bench_server, backlog=3000, otp_rate=100.0, seconds=0.5)
+
+    assert [r.priorities for r in found] == [True, False]
+    assert all(r.sent == r.behind > 0 and not r.error for r in found), found
 
 
 def test_enqueue_writes_what_it_counts_in_every_case_the_batch_api_included(

@@ -26,7 +26,9 @@ from bench.targets import (
     enqueue_targets,
     history_targets,
     latency_targets,
+    otp_backlog_targets,
     provider_targets,
+    quota_targets,
 )
 
 
@@ -299,3 +301,45 @@ def test_latency_needs_p99_under_ten_milliseconds_and_the_rate_held() -> None:
 
 def test_all_targets_of_an_empty_run_are_none_rather_than_invented() -> None:
     assert all_targets({}) == []
+
+
+def _quota(workers: int, accuracy: float | None, error: str = "") -> dict[str, Any]:
+    return {
+        "workers": workers,
+        "quota_per_second": 50.0,
+        "rate_per_second": None if accuracy is None else 50.0 * accuracy,
+        "accuracy": accuracy,
+        "ahead_seconds": 0.01,
+        "error": error,
+    }
+
+
+def test_a_quota_is_met_within_five_percent_either_way_and_judged_per_worker_count() -> None:
+    found = quota_targets([_quota(1, 1.02), _quota(4, 0.949), _quota(16, 1.051), _quota(16, None)])
+    assert [t.status for t in found] == [MET, MISSED, MISSED, NOT_EVALUATED]
+    assert [t.name for t in found[:3]] == ["quota-1-workers", "quota-4-workers", "quota-16-workers"]
+    assert found[0].ratio is not None
+    assert round(found[0].ratio, 2) == 0.4  # a 2 % deviation is 0.4 of the 5 % allowed
+    assert [t.status for t in quota_targets([_quota(4, 1.0, "70 of 75 arrived")])] == [
+        NOT_EVALUATED
+    ]
+
+
+def _otp(priorities: bool, p99: float | None, error: str = "") -> dict[str, Any]:
+    return {
+        "priorities": priorities,
+        "backlog": 100_000,
+        "otps": 200,
+        "otps_behind_the_backlog": 180,
+        "p50_ms": 3.0,
+        "p99_ms": p99,
+        "error": error,
+    }
+
+
+def test_an_otp_behind_the_backlog_is_judged_with_priorities_and_named_against_fifo() -> None:
+    [met] = otp_backlog_targets([_otp(True, 9.0), _otp(False, 4000.0)])
+    [missed] = otp_backlog_targets([_otp(True, 12.0)])
+    [void] = otp_backlog_targets([_otp(True, 5.0, "no OTP arrived while a tenth was left")])
+    assert (met.status, missed.status, void.status) == (MET, MISSED, NOT_EVALUATED)
+    assert "first in, first out: p99 4000.0 ms" in met.measured

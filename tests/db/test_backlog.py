@@ -12,7 +12,7 @@ from leasebox import OutboxMessage, enqueue
 from leasebox.db.partitions import ensure_partitions, list_partitions
 from leasebox.db.queries import query
 from leasebox.store.backlog import fetch_backlog, fetch_backlog_async
-from support.outbox_rows import insert_message
+from support.outbox_rows import SEALING, insert_message, otp
 from support.plans import (
     analyze,
     full_scans,
@@ -65,14 +65,10 @@ def plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> An
 
 def test_backlog_counts_states_and_ages(db_conn: psycopg.Connection[Any]) -> None:
     now = datetime.now(UTC)
-    enqueue(db_conn, OutboxMessage(kind="otp", recipient="a@example.com"))
-    enqueue(
-        db_conn,
-        OutboxMessage(
-            kind="otp", recipient="b@example.com", available_at=now + timedelta(minutes=5)
-        ),
-    )
-    enqueue(db_conn, OutboxMessage(kind="invite", recipient="c@example.com"))
+    enqueue(db_conn, otp("a@example.com"), cipher=SEALING)
+    enqueue(db_conn, otp("b@example.com", available_at=now + timedelta(minutes=5)), cipher=SEALING)
+    invitation = {"inviter": "Ada", "link": "https://example.com/i/1"}
+    enqueue(db_conn, OutboxMessage(kind="invite", recipient="c@example.com", data=invitation))
     db_conn.execute(
         "UPDATE leasebox.queue SET created_at = now() - interval '30 seconds',"
         " available_at = now() - interval '20 seconds'"
@@ -134,7 +130,7 @@ def test_the_send_rate_counts_the_windows_sends_of_the_messages_of_the_last_day(
 
 async def test_the_async_backlog_matches_the_sync_one(db_dsn: str) -> None:
     with psycopg.connect(db_dsn) as conn:
-        enqueue(conn, OutboxMessage(kind="otp", recipient="a@example.com"))
+        enqueue(conn, otp("a@example.com"), cipher=SEALING)
         conn.commit()
         sync = fetch_backlog(conn, ["otp"])
     async with await psycopg.AsyncConnection.connect(db_dsn) as conn:
@@ -157,6 +153,9 @@ CLAIM = {
     "kinds": ["otp"],
     "after_at": [None],
     "after_id": [None],
+    "priorities": [0],
+    "aging": [86400.0],
+    "aged_limit": 0,
     "now": None,
     "limit": 100,
     "lease_seconds": 45,
@@ -188,6 +187,30 @@ def test_the_claim_uses_the_ready_index_and_never_scans_a_table(
     found = worker_plan(seeded, name)
     assert {"queue_ready_idx", "queue_pkey"} <= indexes(seeded, found)
     assert not full_scans(seeded, found), reads(found)
+
+
+@pytest.mark.parametrize("name", ["claim", "claim_without_content"])
+def test_a_claim_with_priorities_reads_each_kind_by_the_ready_index_and_sorts_its_candidates(
+    seeded: psycopg.Connection[Any], name: str
+) -> None:
+    # Urgent otp before invite, with aging and a share for aged rows: each kind is still one
+    # scan of the ready index from its cursor, and only the kinds' first rows are ordered.
+    urgent = {
+        "kinds": ["otp", "invite"],
+        "after_at": [None, None],
+        "after_id": [None, None],
+        "priorities": [10, 0],
+        "aging": [30.0, 600.0],
+        "aged_limit": 25,
+    }
+    found = worker_plan(seeded, name, **urgent)
+    assert {"queue_ready_idx", "queue_pkey"} <= indexes(seeded, found)
+    assert not full_scans(seeded, found), reads(found)
+    [scan] = [n for n in nodes(found) if n.get("Index Name") == "queue_ready_idx"]
+    assert "kind = k.kind" in scan["Index Cond"]
+    assert [n["Node Type"] for n in nodes(scan)] == ["Index Scan"]  # nothing sorts the table
+    limited = [n for n in nodes(found) if n["Node Type"] == "Limit"]
+    assert any(scan in nodes(n) for n in limited), "each kind's scan stops at the claim's limit"
 
 
 def test_the_claim_reads_each_message_by_its_key_in_its_days_partition(

@@ -94,15 +94,16 @@ def test_the_bare_install_enqueues_in_the_callers_transaction(
         import sys
         import psycopg
         import leasebox
+        LINK = {"link": "https://example.com/v/1"}
         with psycopg.connect(sys.argv[1]) as conn:
             receipt = leasebox.enqueue(
                 conn,
-                leasebox.OutboxMessage(kind="verification", recipient="ada@example.com"),
+                leasebox.OutboxMessage(kind="verification", recipient="ada@example.com", data=LINK),
                 idempotency_key="signup-1",
             )
             again = leasebox.enqueue(
                 conn,
-                leasebox.OutboxMessage(kind="verification", recipient="ada@example.com"),
+                leasebox.OutboxMessage(kind="verification", recipient="ada@example.com", data=LINK),
                 idempotency_key="signup-1",
             )
         print(receipt.outbox_id, again.outbox_id, again.reused)

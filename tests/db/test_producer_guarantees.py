@@ -13,19 +13,19 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasebox import AbuseGuard, IdempotencyConflict, OutboxMessage, RateLimited, enqueue
+from leasebox import AbuseGuard, IdempotencyConflict, RateLimited, enqueue
 from leasebox.cli.main import main
 from leasebox.errors import ConfigurationError
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from leasebox.store.dead_letters import DeadLetterFilter, purge_dead_letters
 from leasebox.store.pruning import prune
-from support.outbox_rows import count, insert_message
+from support.outbox_rows import count, insert_message, otp
 from support.waiting import waiting_on_a_lock
 
 
-def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:
-    fields: dict[str, Any] = {"kind": "otp", "recipient": recipient, "aggregate_id": "user-1"}
-    fields.update(overrides)
-    return OutboxMessage(**fields)
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")  # the OTP's code is a secret
 
 
 def race(racers: int, request: Callable[[int], str]) -> tuple[list[str], list[BaseException]]:

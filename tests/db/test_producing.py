@@ -13,6 +13,7 @@ import pytest
 from leasebox import (
     AbuseGuard,
     IdempotencyConflict,
+    InvalidMessage,
     RateLimited,
     enqueue,
     enqueue_async,
@@ -214,7 +215,7 @@ def test_secrets_are_encrypted_at_rest_when_keys_are_set(db_conn: psycopg.Connec
 
 
 def test_messages_expiring_in_the_past_are_rejected_before_writing() -> None:
-    with pytest.raises(ValueError, match="expires_at"):
+    with pytest.raises(InvalidMessage, match="expires_at"):
         otp(expires_at=datetime.now(UTC) - timedelta(seconds=1))
 
 

@@ -10,9 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasebox import AbuseGuard, IdempotencyConflict, OutboxMessage, enqueue, enqueue_many
+from leasebox import AbuseGuard, IdempotencyConflict, enqueue, enqueue_many
 from leasebox.db.queries import query
 from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
+from support.outbox_rows import otp
 from support.plans import full_scans, indexes, plan_of, reads
 
 GUARDS = {"unguarded": None, "guarded": AbuseGuard(per_recipient=100, window_seconds=600)}
@@ -21,12 +22,6 @@ GUARDS = {"unguarded": None, "guarded": AbuseGuard(per_recipient=100, window_sec
 @pytest.fixture(autouse=True)
 def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
-
-
-def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:
-    fields: dict[str, Any] = {"kind": "otp", "recipient": recipient, "aggregate_id": "user-1"}
-    fields.update(overrides)
-    return OutboxMessage(**fields)
 
 
 def bookkeeping(conn: psycopg.Connection[Any], key: str) -> tuple[int, bool, bool]:

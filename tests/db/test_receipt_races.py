@@ -12,17 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
-from leasebox import IdempotencyConflict, OutboxMessage, Receipt, enqueue, enqueue_many
-from support.outbox_rows import count
+from leasebox import IdempotencyConflict, Receipt, enqueue, enqueue_many
+from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
+from support.outbox_rows import count, otp
 from support.waiting import second_while_first_is_open
 
 KEY = "signup-42"
 SCOPE = "login"
 
 
-def otp(recipient: str = "ada@example.com") -> OutboxMessage:
-    return OutboxMessage(kind="otp", recipient=recipient, aggregate_id="user-1")
+@pytest.fixture(autouse=True)
+def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")  # the OTP's code is a secret
 
 
 def request(conn: psycopg.Connection[Any], recipient: str = "ada@example.com") -> Receipt:

@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 from examples.otp_service.app import create_app
 
+from leasebox.cli.main import main
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 from leasebox.testing.ports import free_port
 
@@ -111,6 +112,19 @@ async def test_a_retried_request_answers_with_the_first_challenge_and_creates_no
     assert again.body == {**first.body, "reused": True}
     assert rows(db_dsn, "SELECT count(*) FROM otp_challenges") == [(1,)]
     assert rows(db_dsn, "SELECT count(*) FROM leasebox.outbox") == [(1,)]
+
+
+async def test_every_retried_request_is_counted_and_traced_after_the_example_commits_it(
+    client: Client, db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The example commits a reused receipt (adding nothing) rather than rolling it back: a
+    # rollback would erase the retry from the receipt, and the trace would say 1 request.
+    answers = [await client.post("ada@example.com", "req-1") for _ in range(4)]
+
+    assert [a.body["reused"] for a in answers] == [False, True, True, True]
+    assert rows(db_dsn, "SELECT reuse_count FROM leasebox.receipts") == [(3,)]
+    assert main(["trace", "--dsn", db_dsn, "--id", str(answers[0].body["outbox_id"])]) == 0
+    assert "1 logical send from 4 requests" in capsys.readouterr().out
 
 
 async def test_the_same_key_for_another_address_is_422_and_writes_nothing(

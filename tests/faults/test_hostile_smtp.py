@@ -141,14 +141,15 @@ async def test_a_server_that_always_drops_before_250_gets_one_copy_per_attempt(
             range(1, SETTINGS.max_attempts + 1)
         )
         row = found[key]
-        assert (row["status"], row["dead_reason"]) == ("dead", "attempts_exhausted")
+        assert (row["status"], row["dead_reason"]) == ("dead", "possibly_delivered")
         assert row["last_error_class"] == "ambiguous"
+        assert row["last_error"].startswith("ambiguous, possibly delivered: ")
         assert "may have been accepted" in row["last_error"]
         history = histories(db_conn)[row["id"]]
         tries = SETTINGS.max_attempts - 1
         assert events(history) == ["claimed", "ambiguous"] * tries + ["claimed", "dead"]
         assert (history[-1].dead_reason, history[-1].error_class) == (
-            "attempts_exhausted",
+            "possibly_delivered",
             "ambiguous",
         )
 

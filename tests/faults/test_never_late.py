@@ -19,7 +19,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.delivery.providers import Email, provider_from_url
-from leasebox.errors import MessageExpired
+from leasebox.errors import MessageExpired, MessageSuperseded
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.runtime.worker import Worker
 from support import hostile_http as http
@@ -109,7 +109,21 @@ async def test_with_a_slow_server_and_one_connection_nothing_is_written_after_it
     assert 1 <= len(written) < 4
 
 
-async def test_an_expired_message_never_becomes_an_http_request() -> None:
+async def _newer_committed() -> bool:
+    return True
+
+
+@pytest.mark.parametrize(
+    ("stale", "refusal"),
+    [
+        ({"expired": lambda: True}, MessageExpired),
+        ({"superseded": _newer_committed}, MessageSuperseded),
+    ],
+    ids=["expired", "superseded"],
+)
+async def test_an_expired_or_replaced_message_never_becomes_an_http_request(
+    stale: dict[str, Any], refusal: type[Exception]
+) -> None:
     with http.hostile_http() as server:
         provider = provider_from_url(server.url(), timeout=5.0)
         await provider.start()
@@ -118,15 +132,15 @@ async def test_an_expired_message_never_becomes_an_http_request() -> None:
                 outbox_id=1,
                 kind="otp",
                 aggregate_id=None,
-                delivery_key="otp:expired",
+                delivery_key="otp:stale",
                 recipient="ada@example.com",
                 subject="s",
                 text="t",
                 html=None,
                 attempt=1,
-                expired=lambda: True,
+                **stale,
             )
-            with pytest.raises(MessageExpired):
+            with pytest.raises(refusal):
                 await provider.send(email)
             await asyncio.sleep(0)
         finally:

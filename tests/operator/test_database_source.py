@@ -15,6 +15,7 @@ from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
 from leasebox_operator.errors import PollError, SecretError
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.settings import OperatorSettings
+from support.orm_producers import sqlalchemy_url
 from support.outbox_rows import insert_backlog
 
 SPEC = PoolSpec.model_validate({
@@ -154,3 +155,12 @@ async def test_the_schema_is_missing_outdated_or_current_with_the_fix_in_the_mes
                      (expected_schema_version(),))  # fmt: skip
     assert await source.check_schema(SPEC) is None
     assert await source.check_schema(SPEC) is None  # cached: no second query for a minute
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+async def test_a_secret_holding_a_sqlalchemy_url_is_read_as_its_dsn(
+    pools: ConnectionPools, db_conn: psycopg.Connection[Any], db_dsn: str, driver: str
+) -> None:
+    _insert(db_conn, 3)
+    store = SecretStore({("db", "dsn"): sqlalchemy_url(db_dsn, driver)})
+    assert (await DatabaseBacklogSource(store, "mail", pools).fetch(SPEC, 5.0)).pending == 3

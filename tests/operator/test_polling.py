@@ -143,7 +143,8 @@ async def test_idle_polls_patch_nothing_after_the_first(harness: Harness) -> Non
     assert len(harness.patches) == 1
     first = harness.patches[0]
     assert {c["type"] for c in first["conditions"]} == {
-        "Ready", "DatabaseReachable", "SLAMet", "ScalingLimited", "Paused"}  # fmt: skip
+        "Ready", "DatabaseReachable", "SLAMet", "ScalingLimited", "QuotaSufficient",
+        "Paused"}  # fmt: skip
     for _ in range(3):
         await harness.poll()
     assert len(harness.patches) == 1

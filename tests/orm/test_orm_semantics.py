@@ -144,7 +144,8 @@ def test_secrets_are_sealed_with_the_given_keys(orm_producer: Producer, db_dsn: 
 def test_optional_fields_left_unset_are_written_as_nulls_and_defaults(
     orm_producer: Producer, db_dsn: str
 ) -> None:
-    orm_producer.enqueue(OutboxMessage(kind="verification", recipient="bo@example.com"))
+    link = {"link": "https://example.com/v/1"}  # what the template needs, nothing optional
+    orm_producer.enqueue(OutboxMessage(kind="verification", recipient="bo@example.com", data=link))
     orm_producer.commit()
 
     with psycopg.connect(db_dsn) as observer:
@@ -152,7 +153,7 @@ def test_optional_fields_left_unset_are_written_as_nulls_and_defaults(
             "SELECT o.aggregate_id, o.data, o.secrets, o.max_attempts, o.expires_at,"
             " q.available_at <= now() FROM leasebox.outbox AS o JOIN leasebox.queue AS q USING (id)"
         ).fetchone()
-    assert found == (None, {}, None, None, None, True)
+    assert found == (None, link, None, None, None, True)
 
 
 @pytest.mark.parametrize(
@@ -169,3 +170,55 @@ def test_the_adapters_take_the_keyword_arguments_of_leasebox_enqueue(adapter: An
 
     assert keywords(leasebox.enqueue) <= keywords(adapter)
     assert keywords(adapter) - keywords(leasebox.enqueue) <= {"using"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"kind": "newsletter", "template": "otp"}, "kind"),
+        ({"template": "welcome"}, "template"),
+        ({"secrets": {}}, "code"),
+    ],
+    ids=["unknown kind", "unknown template", "missing variable"],
+)
+def test_every_adapter_refuses_what_no_worker_could_send_and_writes_nothing(
+    orm_producer: Producer, db_dsn: str, fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(leasebox.InvalidMessage) as caught:
+        orm_producer.enqueue(otp(**fields), idempotency_key="k1")
+    orm_producer.commit()
+    assert caught.value.field == field
+    assert (rows(db_dsn), receipts(db_dsn)) == ([], 0)
+
+
+def test_every_adapter_checks_against_the_catalogue_it_is_given(
+    orm_producer: Producer, db_dsn: str
+) -> None:
+    catalogue = leasebox.Catalogue()
+    catalogue.register_kind("newsletter")
+    catalogue.register_template("newsletter", required=["issue"])
+    orm_producer.enqueue(
+        OutboxMessage(kind="newsletter", recipient="bo@example.com", data={"issue": 7}),
+        catalogue=catalogue,
+    )
+    orm_producer.commit()
+    assert [row[2] for row in rows(db_dsn)] == [{"issue": 7}]
+
+
+def test_a_resent_code_supersedes_the_pending_one_through_every_orm(
+    orm_producer: Producer, db_dsn: str
+) -> None:
+    old = orm_producer.enqueue(otp(replacement_key="challenge-7"))
+    orm_producer.commit()
+
+    new = orm_producer.enqueue(otp(replacement_key="challenge-7"))
+    orm_producer.commit()
+
+    with psycopg.connect(db_dsn) as observer:
+        found = observer.execute(
+            "SELECT id, status, superseded_by FROM leasebox.messages ORDER BY id"
+        ).fetchall()
+    assert found == [
+        (old.outbox_id, "superseded", new.outbox_id),
+        (new.outbox_id, "pending", None),
+    ]

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from leasebox.delivery.providers import Email, Provider, provider_from_url
-from leasebox.delivery.providers.base import Outcome, idempotency, request_outcome
-from leasebox.delivery.providers.mail_api import key_digest
+from leasebox.delivery.providers.base import Outcome, idempotency, key_digest, request_outcome
 from leasebox.errors import PermanentProviderError, ProviderError, TransientProviderError
 from support.mail_services import (
     AWS_ACCESS_KEY_ID,

@@ -105,11 +105,25 @@ def test_html_is_a_multipart_alternative_beside_the_text() -> None:
     assert all(len(line) <= 78 for line in lines_of(raw))
 
 
+@pytest.mark.parametrize(
+    ("sender", "domain"),
+    [
+        ("Example <no-reply@Example.COM>", "example.com"),
+        ("no-reply@mail.Example.org", "mail.example.org"),
+        ("leasebox@localhost", "localhost"),
+    ],
+)
+def test_the_message_ids_right_side_is_the_senders_domain(sender: str, domain: str) -> None:
+    got = parsed(build_mime(message(key="otp:user-1:c7"), sender, recipient="ada@example.com"))
+    left, at, right = str(got["Message-ID"]).strip("<>").partition("@")
+    assert (len(left), at, right) == (32, "@", domain)
+
+
 def test_the_headers_carry_the_delivery_key_and_its_message_id() -> None:
     raw = build_mime(message(key="otp:user-1:c7"), SENDER, recipient="ada@example.com")
 
     got = parsed(raw)
-    assert got["Message-ID"] == derived_message_id("otp:user-1:c7")
+    assert got["Message-ID"] == derived_message_id("otp:user-1:c7", "example.com")
     assert got["X-Leasebox-Delivery-Key"] == "otp:user-1:c7"
     assert got["X-Leasebox-Attempt"] == "3"
     assert got["From"] == SENDER

@@ -45,7 +45,23 @@ def test_the_otp_email_leaves_out_the_validity_when_it_is_not_given(
     email = renderer.render("otp", {}, {"code": CODE})
 
     assert "valid" not in email.text
-    assert "leasebox" in email.subject
+
+
+@pytest.mark.parametrize("template", BUILTIN_TEMPLATES)
+def test_an_unbranded_email_names_no_product_and_a_branded_one_names_yours(
+    renderer: TemplateRenderer, template: str
+) -> None:
+    variables = {"code": CODE, "link": LINK, "inviter": "Ada"}
+    plain = renderer.render(template, {}, variables)
+    branded = renderer.render(template, {"product_name": "Acme"}, variables)
+
+    assert all(
+        "leasebox" not in part.lower() for part in (plain.subject, plain.text, plain.html or "")
+    )
+    assert "Acme" in branded.text
+    assert branded.html is not None
+    assert ">Acme</p>" in branded.html  # the header line of the layout
+    assert "Acme" in branded.subject
 
 
 @pytest.mark.parametrize("template", ["verification", "password_reset"])
@@ -67,7 +83,7 @@ def test_the_invite_email_names_the_inviter_and_the_team(renderer: TemplateRende
     )
 
     assert email.subject == "Grace Hopper invited you to Compilers"
-    assert "Grace Hopper invited you to join Compilers on leasebox." in email.text
+    assert "Grace Hopper invited you to join Compilers." in email.text
     assert LINK in email.text
     assert email.html is not None
     assert "<strong>Grace Hopper</strong>" in email.html
@@ -100,7 +116,7 @@ def test_html_is_escaped_and_text_is_not(renderer: TemplateRenderer) -> None:
 def test_a_newline_in_a_variable_cannot_add_a_header_line(renderer: TemplateRenderer) -> None:
     email = renderer.render("invite", {"inviter": "Eve\r\nBcc: all@example.com"}, {"link": LINK})
 
-    assert email.subject == "Eve Bcc: all@example.com invited you to leasebox"
+    assert email.subject == "Eve Bcc: all@example.com invited you"
 
 
 def test_a_templates_directory_overrides_one_file_and_falls_back_for_the_rest(

@@ -108,7 +108,11 @@ async def test_the_message_arrives_whole_with_its_size_announced(
     assert received.recipients == ("ada@example.com",)
     assert received.mail_options == (f"SIZE={len(received.content)}",)
     parsed = message_from_bytes(received.content.replace(b"\r\n", b"\n"), policy=policy.default)
-    assert parsed["Message-ID"] == derived_message_id("otp:user-1:c1") == result.provider_message_id
+    assert (
+        parsed["Message-ID"]
+        == derived_message_id("otp:user-1:c1", "example.com")
+        == result.provider_message_id
+    )
     text = parsed.get_body(("plain",))
     assert text is not None
     assert text.get_content() == f"Your code is {CODE}.\n.\n.leading dot\n"

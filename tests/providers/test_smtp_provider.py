@@ -67,7 +67,7 @@ async def test_a_delivered_message_carries_the_derived_message_id_and_headers(
     message = delivered.message
     assert delivered.mail_from == "no-reply@example.com"
     assert delivered.rcpt_tos == ["ada@example.com"]
-    assert message["Message-ID"] == derived_message_id("otp:user-1:c1")
+    assert message["Message-ID"] == derived_message_id("otp:user-1:c1", "example.com")
     assert result.provider_message_id == message["Message-ID"]
     assert message["X-Leasebox-Delivery-Key"] == "otp:user-1:c1"
     assert message["From"] == "Example <no-reply@example.com>"
@@ -290,7 +290,9 @@ async def test_thirty_two_concurrent_sends_are_all_delivered_over_a_small_pool(
     delivered = smtp_server.handler.delivered
     assert len(delivered) == 32
     assert {d.message["X-Leasebox-Delivery-Key"] for d in delivered} == set(keys)
-    assert {r.provider_message_id for r in results} == {derived_message_id(k) for k in keys}
+    assert {r.provider_message_id for r in results} == {
+        derived_message_id(k, "example.com") for k in keys
+    }
     assert len({d.session_id for d in delivered}) <= provider.settings.pool_size
 
 

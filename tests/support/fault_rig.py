@@ -47,7 +47,7 @@ SETTINGS = WorkerSettings(
     backoff_max=0.2,
     worker_id="fault-worker",
 )
-FINAL = ("sent", "dead")
+FINAL = ("sent", "dead", "superseded")
 
 
 @dataclass(frozen=True)

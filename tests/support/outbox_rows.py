@@ -12,6 +12,10 @@ import psycopg
 from psycopg import sql
 
 from leasebox import OutboxMessage
+from leasebox.producer.payload_crypto import PayloadCipher, generate_key
+
+# Seals the code of an `otp()` for a test that has no keys configured and does not look at it.
+SEALING = PayloadCipher([generate_key()])
 
 
 def otp(recipient: str = "ada@example.com", **overrides: Any) -> OutboxMessage:

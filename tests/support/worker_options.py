@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leasebox.runtime.options import KindPriority
+
 # A value other than the default for every option, as the option's own type.
 SAMPLES: dict[str, Any] = {
     "kinds": ("otp", "invite"),
@@ -33,6 +35,10 @@ SAMPLES: dict[str, Any] = {
     "log_level": "debug",
     "event_loop": "asyncio",
     "retention_seconds": 14 * 86400.0,
+    "priorities": (KindPriority("otp", 10, 30.0), KindPriority("invite", -1)),
+    "quota_rate": 14.0,
+    "quota_burst": 20,
+    "quota_account": "ses-eu-west-1",
     "worker_id": "pod-a",
 }
 REQUIRED = {"LEASEBOX_DSN": "postgresql://app@db/app"}

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from leasebox import OutboxMessage
+from leasebox import InvalidMessage, LeaseboxError, OutboxMessage
 from leasebox.messages import MAX_DATA_BYTES, visible
 
 
 def errors_for(**fields: Any) -> dict[str, str]:
     base: dict[str, Any] = {"kind": "otp", "recipient": "ada@example.com"}
     base.update(fields)
-    with pytest.raises(ValidationError) as caught:
+    with pytest.raises(InvalidMessage) as caught:
         OutboxMessage(**base)
-    return {".".join(map(str, e["loc"])) or "message": e["msg"] for e in caught.value.errors()}
+    cause = caught.value.__cause__
+    assert isinstance(cause, ValidationError)
+    return {".".join(map(str, e["loc"])) or "message": e["msg"] for e in cause.errors()}
 
 
 @pytest.mark.parametrize(
@@ -65,9 +67,56 @@ def test_what_postgresql_cannot_store_is_rejected_before_any_sql(
 
 
 def test_a_validation_error_never_quotes_the_input_it_refused() -> None:
-    with pytest.raises(ValidationError) as caught:
+    with pytest.raises(InvalidMessage) as caught:
         OutboxMessage(kind="otp", recipient="a@example.com", secrets={"code": "49\x00381777"})
     assert "381777" not in str(caught.value)
+    assert "381777" not in str(caught.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("fields", "line"),
+    [
+        (
+            {"recipient": "not-an-address"},
+            "invalid message: recipient: not a valid email address",
+        ),
+        (
+            {"kind": "OTP"},
+            "invalid message: kind: must start with a lower-case letter, then up to 62 "
+            "lower-case letters, digits or '_'",
+        ),
+        (
+            {"secrets": {"code": 493817}},
+            "invalid message: secrets.code: Input should be a valid string",
+        ),
+        (
+            {"expires_at": datetime(2001, 1, 1, tzinfo=UTC)},
+            "invalid message: expires_at: is already in the past",
+        ),
+        (
+            {"recipient": "nobody", "max_attempts": 0, "colour": "red"},
+            "invalid message: recipient: not a valid email address "
+            "(and 2 more: max_attempts, colour)",
+        ),
+    ],
+)
+def test_an_invalid_message_is_one_line_naming_the_field_with_pydantics_report_as_cause(
+    fields: dict[str, Any], line: str
+) -> None:
+    base: dict[str, Any] = {"kind": "otp", "recipient": "ada@example.com", **fields}
+    with pytest.raises(InvalidMessage) as caught:
+        OutboxMessage(**base)
+    assert str(caught.value) == line
+    assert isinstance(caught.value, LeaseboxError)
+    assert isinstance(caught.value.__cause__, ValidationError)
+    assert caught.value.field == line.split(": ")[1]
+
+
+def test_model_validate_and_json_refuse_with_the_same_one_line_error() -> None:
+    with pytest.raises(InvalidMessage, match=r"^invalid message: recipient: "):
+        OutboxMessage.model_validate({"kind": "otp", "recipient": "x"})
+    with pytest.raises(InvalidMessage, match=r"^invalid message: recipient: "):
+        OutboxMessage.model_validate_json('{"kind": "otp", "recipient": "x"}')
 
 
 @pytest.mark.parametrize(

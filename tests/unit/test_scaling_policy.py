@@ -423,3 +423,61 @@ def test_keeps_only_recommendations_inside_the_window(
         *older, (latest, _) = state.recommendations
         assert latest == now
         assert all(now - window < at <= now for at, _ in older)
+
+
+QUOTA = replace(SPEC, quota_per_second=100.0)
+
+
+def test_a_pool_under_a_quota_gets_no_more_workers_than_the_quota_keeps_busy() -> None:
+    # 20,000 ready at 300 msg/s would ask for 10 workers; 100 msg/s keeps 2 of 50 msg/s busy.
+    flood = observe(ready=20000, pending=20000, oldest_ready_age_seconds=5, arrival_per_second=300)
+    free = decide(flood, SPEC, PolicyState())
+    capped = decide(flood, QUOTA, PolicyState())
+    assert free.replicas == 10
+    assert capped.replicas == 2
+    assert "capped at the 2 workers the quota of 100/s keeps busy" in capped.reason
+    assert capped.limited
+
+
+def test_arrivals_above_the_quota_say_when_the_backlog_passes_the_sla() -> None:
+    # 150/s into a quota of 100/s with 1,000 ready: 6,000 ready (100/s * 60 s) are reached in
+    # 100 s, and the oldest message is past the SLA 60 s after that.
+    over = observe(ready=1000, pending=1000, oldest_ready_age_seconds=10, arrival_per_second=150)
+    outlook = decide(over, QUOTA, PolicyState()).quota
+    assert outlook is not None
+    assert outlook.seconds_to_breach == pytest.approx(160.0)
+    assert not outlook.sufficient
+    assert outlook.message.startswith("backlog will exceed the SLA in 160 s at the quota of 100/s")
+    late = replace(over, oldest_pending_age_seconds=61.0)
+    assert decide(late, QUOTA, PolicyState()).quota.seconds_to_breach == 0.0  # type: ignore[union-attr]
+
+
+def test_arrivals_within_the_quota_are_sufficient_and_scaled_as_without_one() -> None:
+    calm = observe(ready=100, pending=100, oldest_ready_age_seconds=2, arrival_per_second=60)
+    with_quota = decide(calm, QUOTA, PolicyState())
+    assert with_quota.quota is not None
+    assert with_quota.quota.sufficient
+    assert with_quota.replicas == decide(calm, SPEC, PolicyState()).replicas
+    assert decide(calm, SPEC, PolicyState()).quota is None
+
+
+def test_a_send_rate_held_at_the_quota_is_not_taken_for_the_workers_throughput() -> None:
+    # Two busy workers sending 95/s under a quota of 100/s are waiting for tokens, not slow.
+    busy = observe(
+        ready=5000,
+        pending=5000,
+        oldest_ready_age_seconds=30,
+        arrival_per_second=95,
+        sent_per_second=95,
+        replicas=4,
+        ready_replicas=4,
+    )
+    assert decide(busy, SPEC, PolicyState()).state.worker_throughput == pytest.approx(23.75)
+    assert decide(busy, QUOTA, PolicyState()).state.worker_throughput is None
+
+
+def test_a_quota_must_be_a_positive_finite_rate() -> None:
+    with pytest.raises(ValueError, match="quota_per_second must be > 0"):
+        replace(SPEC, quota_per_second=0.0)
+    with pytest.raises(ValueError, match="quota_per_second must be a finite number"):
+        replace(SPEC, quota_per_second=float("inf"))

@@ -14,7 +14,7 @@ from uuid import UUID
 
 import pytest
 
-from leasebox.delivery.providers.base import derived_message_id
+from leasebox.delivery.providers.base import derived_message_id, key_digest
 from leasebox.inspection.narrative import (
     attempt_line,
     chronicle,
@@ -126,6 +126,13 @@ def receipt(key: str, reuses: int, outbox_id: int = 1) -> ReceiptRecord:
     )
 
 
+def test_the_story_names_the_message_id_an_smtp_send_wrote_on_the_senders_domain() -> None:
+    written = derived_message_id(KEY, "example.com")
+    history = History().claimed(0, "worker-a", TOKEN_A, 1)
+    history.ended("sent", 0.4, "worker-a", TOKEN_A, attempt=1, provider_message_id=written)
+    assert story(history, sent_at=at(0.4)).message_id == written
+
+
 def test_one_worker_that_sent_it_owned_every_attempt_and_one_copy_was_accepted() -> None:
     history = History().claimed(0, "worker-a", TOKEN_A, 1)
     history.ended("sent", 0.4, "worker-a", TOKEN_A, attempt=1, provider_message_id="<m@x>")
@@ -187,9 +194,7 @@ def test_an_ambiguous_drop_then_a_send_may_have_left_two_copies_under_one_key() 
     assert (send.copies.accepted, send.copies.possible) == (1, 1)
     answer = copies_answer(send)
     assert answer.startswith("the provider accepted 1 copy; 1 more may have reached it")
-    assert f"all under the same delivery key '{KEY}' (Message-ID {derived_message_id(KEY)})" in (
-        answer
-    )
+    assert f"all under the same delivery key '{KEY}' (Message-ID <{key_digest(KEY)}@…>)" in (answer)
     assert "the provider may have accepted it" in attempt_line(send.attempts[0])
 
 
@@ -243,7 +248,7 @@ def test_a_stalled_worker_that_lost_its_lease_raced_the_new_owner_for_two_copies
     assert (send.copies.accepted, send.copies.possible) == (2, 0)
     assert copies_answer(send) == (
         f"the provider accepted 2 copies, all under the same delivery key '{KEY}' "
-        f"(Message-ID {derived_message_id(KEY)}), so a provider that deduplicates by it drops "
+        f"(Message-ID <{key_digest(KEY)}@…>), so a provider that deduplicates by it drops "
         "the extra"
     )
     assert ownership_answer(send) == (
@@ -428,7 +433,7 @@ def test_the_json_answers_the_same_questions_as_the_words() -> None:
     assert sent["ownership"]["verdict"] == "raced"
     assert sent["ownership"]["workers"] == ["worker-a", "worker-b"]
     assert (sent["copies"]["accepted"], sent["copies"]["possible"]) == (2, 0)
-    assert sent["message_id"] == derived_message_id(KEY)
+    assert sent["message_id"] == f"<{key_digest(KEY)}@…>"  # no SMTP send recorded one
     assert sent["recipient"] == "J***@example.com"
     assert sent["attempts"][0]["lease_lost"] == {
         "worker_id": "worker-a",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -142,4 +143,63 @@ def test_a_refused_retention_names_the_variable_it_came_from() -> None:
         process_config(args, {**LOG_PROVIDER, "LEASEBOX_RETENTION": "6h"})
     args = build_parser().parse_args(["worker", "--retention", "6h"])
     with pytest.raises(ConfigurationError, match=r"^--retention: the retention must be"):
+        process_config(args, LOG_PROVIDER)
+
+
+@pytest.mark.parametrize(
+    ("raw", "per_second"),
+    [("14", 14.0), ("14/s", 14.0), ("600/m", 10.0), ("86400/d", 1.0), ("5/10s", 0.5)],
+)
+def test_a_quota_reads_as_messages_per_period(raw: str, per_second: float) -> None:
+    args = build_parser().parse_args(["worker", "--quota", raw])
+    config = process_config(args, LOG_PROVIDER)
+    assert config.settings.quota_rate == per_second
+    assert config.settings.burst == max(1, math.ceil(per_second))
+
+
+def test_a_quota_is_for_the_provider_account_its_url_names_without_credentials() -> None:
+    url = "smtp://user:s3cret@mail.example.com:587?starttls=true"
+    args = build_parser().parse_args(["worker", "--quota", "14/s"])
+    config = process_config(args, {**REQUIRED, "LEASEBOX_PROVIDER_URL": url})
+    assert config.settings.quota_account == "smtp://mail.example.com:587"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--quota", "fast"], "--quota must be a number"),
+        (["--quota", "0/s"], "--quota must be a positive rate such as 14/s"),
+        (["--quota", "14/fortnight"], "--quota must be a duration"),
+        (["--quota-burst", "5"], "a quota burst or account needs a quota rate"),
+        (["--quota", "14/s", "--quota-burst", "0"], "^--quota-burst: the quota burst must be"),
+    ],
+)
+def test_a_bad_quota_is_one_error_naming_its_flag(argv: list[str], message: str) -> None:
+    args = build_parser().parse_args(["worker", *argv])
+    with pytest.raises(ConfigurationError, match=message):
+        process_config(args, LOG_PROVIDER)
+
+
+def test_priorities_read_as_kind_priority_and_aging() -> None:
+    args = build_parser().parse_args(
+        ["worker", "--kinds", "otp,verification,invite", "--priorities", "otp=10/30s,invite=-1"]
+    )
+    settings = process_config(args, LOG_PROVIDER).settings
+    assert settings.priority_of == {"otp": 10, "verification": 0, "invite": -1}
+    assert settings.aging_of == {"otp": 30.0, "verification": 60.0, "invite": 60.0}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("otp", "^--priorities must be kind=priority pairs"),
+        ("otp=urgent", "^--priorities must be a whole number as the priority of otp"),
+        ("otp=1/soon", "^--priorities must be a duration"),
+        ("sms=1", "^--priorities: a priority names kind 'sms', which this worker does not"),
+        ("otp=1,otp=2", "^--priorities: the priorities name a kind twice"),
+    ],
+)
+def test_a_bad_priority_is_one_error_naming_its_flag(raw: str, message: str) -> None:
+    args = build_parser().parse_args(["worker", "--kinds", "otp", "--priorities", raw])
+    with pytest.raises(ConfigurationError, match=message):
         process_config(args, LOG_PROVIDER)

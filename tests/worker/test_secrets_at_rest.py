@@ -61,7 +61,8 @@ def test_an_enqueue_with_secrets_and_no_keys_writes_nothing(
     with pytest.raises(ConfigurationError, match="refusing to store secrets unencrypted"):
         enqueue(db_conn, otp())
     db_conn.rollback()
-    enqueue(db_conn, OutboxMessage(kind="verification", recipient="ada@example.com"))
+    link = {"link": "https://example.com/v/1"}
+    enqueue(db_conn, OutboxMessage(kind="verification", recipient="ada@example.com", data=link))
     db_conn.commit()
     assert count(db_conn) == 1  # a message without secrets needs no keys
 

@@ -365,6 +365,7 @@ def test_the_defaults_match_the_documented_ones() -> None:
     assert (s.concurrency, s.batch_size, s.lease_seconds, s.poll_interval) == (32, 32, 45, 1)
     assert (s.grace_seconds, s.max_attempts, s.backoff_base, s.backoff_max) == (30, 8, 2, 300)
     assert (s.listen, s.drain, s.schema, config.metrics_port) == (True, False, "leasebox", 9108)
+    assert config.metrics_host == "0.0.0.0"
 
 
 @pytest.mark.usefixtures("clean_env")
@@ -380,3 +381,49 @@ def test_a_schema_older_than_the_image_is_refused_before_anything_is_claimed(
     assert (code, len(lines)) == (1, 1)
     assert "is not migrated" in lines[0]
     assert f"this image needs {expected_schema_version()}" in lines[0]
+
+
+def test_a_worker_started_on_a_newer_schema_says_so_in_its_log_and_on_readyz(
+    db_dsn: str, db_insert: Insert, db_conn: psycopg.Connection
+) -> None:
+    from leasebox.db.migrations import expected_schema_version
+
+    newer = expected_schema_version() + 1
+    db_conn.execute(
+        "INSERT INTO leasebox.schema_migrations (version, name) VALUES (%s, 'from_the_future')",
+        (newer,),
+    )
+    db_conn.commit()
+    db_insert()
+    port = free_port()
+    process = _worker_process(
+        db_dsn, "--provider", "null://", "--metrics-host", "127.0.0.1", "--metrics-port", str(port)
+    )
+    try:
+        readiness = _get_when_up(f"http://127.0.0.1:{port}/readyz", process)
+        _wait_for(lambda: statuses(db_conn) == {"sent": 1}, process)  # it works all the same
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    said = f"schema 'leasebox' is at version {newer}, newer than this worker's "
+    assert f"{said}{expected_schema_version()}" in readiness
+    warnings = [json.loads(line) for line in err.splitlines() if said in line]
+    assert [w["level"] for w in warnings] == ["warning"]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_a_schema_newer_than_the_image_is_served_as_the_upgrade_guide_promises(
+    db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/upgrading.md: the schema goes first, and workers of the release before keep
+    # working on it while the new ones roll out.
+    from leasebox.db.migrations import expected_schema_version
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO leasebox.schema_migrations (version, name) VALUES (%s, 'next')",
+                     (expected_schema_version() + 1,))  # fmt: skip
+    code, _ = run_cli(
+        ["--dsn", db_dsn, "--provider", "null://", "--drain", "--metrics-port", "0"], capsys
+    )
+    assert code == 0

@@ -250,7 +250,7 @@ async def test_a_running_worker_creates_the_partitions_of_the_coming_days(
     fake_clock: ManualClock,
     db_conn: psycopg.Connection,
 ) -> None:
-    last = max(p.start for p in list_partitions(db_conn, "history") if p.start is not None)
+    last = max(p.start for p in list_partitions(db_conn, "history") if p.start and p.end)
     db_conn.execute(
         sql.SQL("DROP TABLE {}").format(
             sql.Identifier("leasebox", day_partition_name("history", last))

@@ -4,11 +4,16 @@ Producers call `enqueue` inside their own transaction; workers (`leasebox worker
 with leases; the operator (`leasebox operator`) scales workers to an SLA.
 """
 
+from leasebox.catalogue import Catalogue, TemplateSpec, register_kind, register_template
+from leasebox.db.connections import libpq_dsn
 from leasebox.errors import (
+    AlreadyExpired,
     BatchConflict,
     ConfigurationError,
     DatabaseUnavailable,
     IdempotencyConflict,
+    InvalidMessage,
+    InvalidRequest,
     LeaseboxError,
     NotMigrated,
     PayloadKeyError,
@@ -22,19 +27,27 @@ from leasebox.version import __version__
 
 __all__ = [
     "AbuseGuard",
+    "AlreadyExpired",
     "BatchConflict",
+    "Catalogue",
     "ConfigurationError",
     "DatabaseUnavailable",
     "IdempotencyConflict",
+    "InvalidMessage",
+    "InvalidRequest",
     "LeaseboxError",
     "NotMigrated",
     "OutboxMessage",
     "PayloadKeyError",
     "RateLimited",
     "Receipt",
+    "TemplateSpec",
     "__version__",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "libpq_dsn",
+    "register_kind",
+    "register_template",
 ]

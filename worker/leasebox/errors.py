@@ -7,21 +7,27 @@ figures a caller needs and never a secret, a password or a message body.
     LeaseboxError
     ├── ConfigurationError        a setting is missing or malformed
     │   └── PayloadKeyError       secrets cannot be sealed or opened with the configured keys
+    │       └── MissingPayloadKeys  secrets are encrypted and no key is configured at all
     ├── DatabaseError             PostgreSQL cannot be used
     │   ├── DatabaseUnavailable   unreachable, or refused the connection
     │   └── NotMigrated           the schema is missing or older than this version
     ├── RequestRefused            the producer API refused a request; nothing was written
+    │   ├── InvalidMessage        a field is malformed, or names what is not registered
     │   ├── IdempotencyConflict   the key was used for a different request (HTTP 422)
     │   │   └── BatchConflict     some messages of an `enqueue_many` batch did so
-    │   └── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    │   ├── RateLimited           the abuse guard's limit is reached (HTTP 429)
+    │   ├── AlreadyExpired        past its expires_at on the database's clock (a ValueError)
+    │   └── InvalidRequest        a key, scope or request hash cannot be used (a ValueError)
     └── DeliveryError             a message could not be prepared or sent
         ├── TemplateError         a template is missing, malformed or lacks a variable
+        ├── UnreadableData        a stored message's data cannot be decoded (nested too deep)
         ├── ProviderUnavailable   the provider cannot start (unreachable, bad credentials)
         └── ProviderError         one send failed; `error_class` says whether to retry
             ├── TransientProviderError
             │   └── AmbiguousProviderError   the provider may have taken it (no answer)
             └── PermanentProviderError
-                └── MessageExpired           past `expires_at` before it reached the wire
+                ├── MessageExpired           past `expires_at` before it reached the wire
+                └── MessageSuperseded        a newer message of its key was committed first
 """
 
 from __future__ import annotations
@@ -55,6 +61,10 @@ class PayloadKeyError(ConfigurationError):
     """Secrets cannot be encrypted or decrypted with the configured keys."""
 
 
+class MissingPayloadKeys(PayloadKeyError):
+    """Secrets are encrypted and no key is configured: the process's fault, not the message's."""
+
+
 class DatabaseError(LeaseboxError):
     """PostgreSQL cannot be used as configured (not psycopg's error of the same name)."""
 
@@ -77,6 +87,30 @@ class NotMigrated(DatabaseError):
 
 class RequestRefused(LeaseboxError):
     """The producer API refused a request; nothing was written."""
+
+
+class InvalidMessage(RequestRefused):
+    """A message that cannot be sent as given; nothing was written.
+
+    Raised by `OutboxMessage` for a malformed field (the pydantic `ValidationError` is the
+    `__cause__`) and by `enqueue` for a kind, a template or a template variable the
+    application has not registered. The message is one line that names the field and never
+    quotes the refused value, which may be a secret. `field` is that field (`recipient`,
+    `secrets.code`, `template`); `fields` every field refused, the first one first.
+    """
+
+    exit_code = 2
+    MAX_LISTED = 10
+
+    def __init__(self, field: str, problem: str, *, others: Sequence[str] = ()) -> None:
+        listed = ", ".join(others[: self.MAX_LISTED]) + (
+            ", …" if len(others) > self.MAX_LISTED else ""
+        )
+        more = f" (and {len(others)} more: {listed})" if others else ""
+        super().__init__(f"invalid message: {field}: {problem}{more}")
+        self.field = field
+        self.problem = problem
+        self.fields = (field, *others)
 
 
 class IdempotencyConflict(RequestRefused):
@@ -167,8 +201,43 @@ class RateLimited(RequestRefused):
         self.retry_after = retry_after
 
 
+class InvalidRequest(RequestRefused, ValueError):
+    """An idempotency key, scope or request hash that cannot be used: too long, empty, or
+    holding a character that is not printable (NUL, a lone surrogate, a line break). Refused
+    before any statement, so the caller's transaction goes on (HTTP analogue: 400); the
+    message names the argument and never quotes it."""
+
+    exit_code = 2
+
+
+class AlreadyExpired(RequestRefused, ValueError):
+    """A new message is already past its `expires_at` on the database's clock, which every
+    worker checks expiry on: it would never be sent. Usually the producer's clock runs behind
+    the database's by more than the TTL. Nothing was written (HTTP analogue: 400)."""
+
+    exit_code = 2
+
+    def __init__(self, positions: Sequence[int] | None = None) -> None:
+        which = (
+            f"message(s) #{', #'.join(map(str, positions))} of the batch are"
+            if positions is not None
+            else "the message is"
+        )
+        super().__init__(
+            f"{which} already past expires_at on the database's clock, so nothing was written; "
+            "this producer's clock may run behind the database's (check NTP), or the TTL is "
+            "shorter than the skew"
+        )
+        self.positions = tuple(positions or ())
+
+
 class DeliveryError(LeaseboxError):
     """A message could not be prepared or sent."""
+
+
+class UnreadableData(DeliveryError):
+    """A stored message's `data` cannot be decoded (nested deeper than a worker can read): the
+    message is invalid, and every attempt would fail the same way."""
 
 
 class TemplateError(DeliveryError):
@@ -250,3 +319,11 @@ class MessageExpired(PermanentProviderError):
 
     def __init__(self, message: str = "expired before it could be written to the wire") -> None:
         super().__init__("expired", message)
+
+
+class MessageSuperseded(PermanentProviderError):
+    """A newer message of the same replacement key was committed while this one waited, and
+    before any of it was written to the wire: it ends `superseded`, not sent (nor retried)."""
+
+    def __init__(self, message: str = "superseded before it could be written to the wire") -> None:
+        super().__init__("superseded", message)

@@ -33,10 +33,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
+
+from leasebox.errors import InvalidMessage, InvalidRequest, UnreadableData
 
 BUILTIN_KINDS = ("otp", "verification", "password_reset", "invite")
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
@@ -45,6 +49,11 @@ MAX_DATA_BYTES = 16 * 1024
 # How long a receipt turns a retried request into the same send, unless the caller says.
 DEFAULT_RECEIPT_TTL_SECONDS = 24 * 3600.0
 MAX_SECRETS_BYTES = 4 * 1024
+# The deepest `data` may nest (objects and arrays): far beyond any template's needs, far short
+# of where decoding it would exhaust the interpreter's stack.
+MAX_DATA_DEPTH = 32
+# The longest idempotency key, scope or request hash: a receipt's key must fit an index entry.
+MAX_KEY_LENGTH = 255
 _LOCAL_PART = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}$")
 _DOMAIN = re.compile(
     r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
@@ -112,6 +121,43 @@ def _storable_text(value: str | None) -> str | None:
     return value
 
 
+def too_deep(value: Any, limit: int = MAX_DATA_DEPTH) -> bool:
+    """Whether objects and arrays nest more than `limit` levels deep in `value` (looked at
+    level by level, without recursion, so any depth is measured safely)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list | tuple)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def check_request_key(argument: str, value: str | None, *, empty: bool = False) -> None:
+    """Refuse an idempotency key, scope or request hash that cannot be used, before any SQL:
+    `InvalidRequest` naming `argument` (`idempotency_key`), never quoting the value."""
+    if value is None:
+        return
+    name = argument.replace("_", " ")
+    if not isinstance(value, str):
+        raise InvalidRequest(f"the {name} must be text, got {type(value).__name__}")
+    if not value and not empty:
+        raise InvalidRequest(f"the {name} must not be empty")
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidRequest(
+            f"the {name} is {len(value)} characters long; at most {MAX_KEY_LENGTH} are allowed"
+        )
+    if not value.isprintable():
+        raise InvalidRequest(
+            f"the {name} holds a character that is not printable (a control character, a NUL "
+            "byte, a line break or a lone surrogate)"
+        )
+
+
 def _unstorable_strings(value: Any) -> bool:
     """Whether any key or string anywhere in a JSON-like value is unstorable."""
     if isinstance(value, str):
@@ -123,13 +169,49 @@ def _unstorable_strings(value: Any) -> bool:
     return False
 
 
-Kind = Annotated[str, StringConstraints(pattern=KIND_PATTERN)]
+def refusal(exc: ValidationError) -> InvalidMessage:
+    """pydantic's report as one line naming the first field refused (and how many more).
+
+    Only the field's path and pydantic's description of the problem are kept: with
+    `hide_input_in_errors` neither quotes the value, which may be a secret.
+    """
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    fields: list[str] = []
+    for error in errors:
+        name = ".".join(str(part) for part in error["loc"]) or "message"
+        if name not in fields:
+            fields.append(name)
+    problem = " ".join(str(errors[0]["msg"]).removeprefix("Value error, ").split())
+    return InvalidMessage(fields[0], problem, others=fields[1:])
+
+
+def _check_kind(value: str) -> str:
+    if not re.fullmatch(KIND_PATTERN, value):
+        raise ValueError(
+            "must start with a lower-case letter, then up to 62 lower-case letters, digits or '_'"
+        )
+    return value
+
+
+Kind = Annotated[str, AfterValidator(_check_kind)]
 EmailAddress = Annotated[str, StringConstraints(max_length=300), AfterValidator(_check_email)]
 StorableText = Annotated[str, AfterValidator(_storable_text)]
 
 
 class OutboxMessage(BaseModel):
-    """One logical send: who gets which template with which variables."""
+    """One logical send: who gets which template with which variables.
+
+    `replacement_key` makes "resend code" safe: messages with the same key replace one
+    another, so enqueuing one supersedes every older message of the key not yet written to
+    the wire (pending ones in the same transaction, a claimed one at the worker's check
+    right before the wire). It is an explicit key, such as the challenge's id, rather than
+    "same aggregate id and kind", because an aggregate (a user) may hold two live
+    challenges of one kind at once (a login and an email change), which must not cancel
+    each other; and because only a message that has a key can be superseded, only those
+    pay for the worker's check against the database before the wire. It is a field of the
+    message, not an argument of `enqueue`, so that `enqueue_many`, the ORM adapters and
+    `leasebox enqueue` carry it per message as they carry the rest.
+    """
 
     # Errors never quote what they refused: it may be a secret.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -146,10 +228,13 @@ class OutboxMessage(BaseModel):
         default=None, ge=1, le=100, description="None: the worker's limit (default 8)"
     )
     available_at: datetime | None = None
+    replacement_key: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("data")
     @classmethod
     def _data_is_small_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if too_deep(value):
+            raise ValueError(f"must not be nested more than {MAX_DATA_DEPTH} levels deep")
         try:
             encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -179,7 +264,24 @@ class OutboxMessage(BaseModel):
             raise ValueError("must be timezone-aware")
         return value
 
-    @field_validator("delivery_key")
+    @field_validator("expires_at")
+    @classmethod
+    def _ahead(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value <= datetime.now(UTC):
+            raise ValueError("is already in the past")
+        return value
+
+    @field_validator("template")
+    @classmethod
+    def _template_name(cls, value: str) -> str:
+        if value and not re.fullmatch(TEMPLATE_PATTERN, value):
+            raise ValueError(
+                "is not a valid template name: lower-case letters, digits, '_' and '-', "
+                "in parts separated by '/'"
+            )
+        return value
+
+    @field_validator("delivery_key", "replacement_key")
     @classmethod
     def _printable_key(cls, value: str | None) -> str | None:
         if value is not None and not visible(value):
@@ -190,11 +292,17 @@ class OutboxMessage(BaseModel):
     def _template_defaults_to_kind(self) -> OutboxMessage:
         if not self.template:
             object.__setattr__(self, "template", self.kind)
-        if not re.fullmatch(TEMPLATE_PATTERN, self.template):
-            raise ValueError(f"template {self.template!r} is not a valid template name")
-        if self.expires_at is not None and self.expires_at <= datetime.now(UTC):
-            raise ValueError("expires_at is already in the past")
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_line_errors(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        # pydantic's report spans lines and speaks of pydantic; a caller wants one line
+        # naming the field, and the report itself stays at hand as the cause.
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise refusal(exc) from exc
 
     @property
     def recipient_key(self) -> str:
@@ -244,7 +352,13 @@ class JsonObject(Mapping[str, Any]):
 
     def _value(self) -> dict[str, Any]:
         if self._decoded is None:
-            value = json.loads(self._raw)
+            try:
+                value = json.loads(self._raw)
+            except RecursionError:
+                raise UnreadableData(
+                    "its data is nested too deeply to be decoded (written around the "
+                    f"producer, which allows {MAX_DATA_DEPTH} levels)"
+                ) from None
             self._decoded = value if isinstance(value, dict) else {"value": value}
         return self._decoded
 

@@ -7,7 +7,9 @@ queries use. Each state says what moves a row into it and what moves it out:
     pending --claim--> processing --sent (lease token matches)--> sent
        ^                   |  \\--permanent error / attempts exhausted / expired--> dead
        |                   |--transient error--> pending (available_at = now + backoff)
-       |                   \\--lease released or expired--> pending (or dead, out of attempts)
+       |                   |--lease released or expired--> pending (or dead, out of attempts)
+       |                   \\--a newer message of its key, seen before the wire--> superseded
+       \\--a newer message of its replacement key committed--> superseded
     dead --requeue (a person: `leasebox dead-letters requeue`)--> pending
 """
 
@@ -38,6 +40,12 @@ class Status(StrEnum):
     """Not sent and not going to be without a person: see `dead_reason`. Leaves only by
     `leasebox dead-letters requeue` (to `pending`, fresh attempts) or `purge` (deleted)."""
 
+    SUPERSEDED = "superseded"
+    """Replaced by a newer message of its replacement key ("resend code") before it was
+    written to the wire: by the producer's transaction while pending, or by the worker's
+    check right before the wire while processing. Final, neither retried nor a dead letter;
+    like `sent`, its row has left the queue and its history names the newer message."""
+
 
 class DeadReason(StrEnum):
     """Why a row is a dead letter; the `dead_reason` column and a metric label."""
@@ -54,13 +62,18 @@ class DeadReason(StrEnum):
     EXPIRED = "expired"
     """Its `expires_at` passed before it could be written to the wire: never sent late."""
 
+    POSSIBLY_DELIVERED = "possibly_delivered"
+    """Out of attempts, the last one ambiguous (the provider took the message and never
+    answered, or the send was cut short after it was handed over): it may have been
+    delivered. Check with the provider before requeueing it."""
+
 
 class Event(StrEnum):
     """What happened to a row, one `history` row each; the history's `event` column.
 
     A claim and the event that ended its lease share a `lease_token`; `lease_lost` is the
-    report of a worker that settled after its lease had ended, and `expired` and `requeued`
-    are the transitions outside any lease."""
+    report of a worker that settled after its lease had ended, `expired` and `requeued` are
+    transitions outside any lease, and `superseded` ends a lease or happens outside one."""
 
     CLAIMED = "claimed"
     SENT = "sent"
@@ -72,3 +85,4 @@ class Event(StrEnum):
     LEASE_LOST = "lease_lost"
     EXPIRED = "expired"
     REQUEUED = "requeued"
+    SUPERSEDED = "superseded"

@@ -1,14 +1,36 @@
-"""What several commands share, defined once: database options, kind lists, durations,
-positive counts."""
+"""What several commands share, defined once: the database settings (read one way by every
+command), kind lists, durations, positive counts."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
+from leasebox.db.queries import DEFAULT_SCHEMA
 from leasebox.errors import ConfigurationError
 from leasebox.runtime import options
+
+
+@dataclass(frozen=True)
+class Database:
+    """Where a command works: the DSN and the schema of the leasebox tables."""
+
+    dsn: str
+    schema: str
+
+
+def database(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Database:
+    """The database settings every command reads, the same way: the DSN from `--dsn`, else
+    `LEASEBOX_DSN`, else `DATABASE_URL`; the schema from `--schema`, else `LEASEBOX_SCHEMA`,
+    else `leasebox` (a bad value is one line naming where it came from)."""
+    from leasebox.db.connections import resolve_dsn
+
+    env = os.environ if environ is None else environ
+    schema, _ = options.read(options.SCHEMA, vars(args), env)
+    return Database(resolve_dsn(getattr(args, "dsn", None), env), schema)
 
 
 def parse_duration(text: str) -> float:
@@ -22,7 +44,8 @@ def parse_duration(text: str) -> float:
 
 
 def add_database_options(parser: argparse.ArgumentParser, *, schema: bool = True) -> None:
-    """`--dsn`, and `--schema` unless the command reads it with its other settings."""
+    """`--dsn`, and `--schema` unless the command reads it with its other settings; both are
+    read by `database`."""
     parser.add_argument(
         "--dsn",
         help="PostgreSQL DSN (default: $LEASEBOX_DSN, else $DATABASE_URL)",
@@ -30,18 +53,11 @@ def add_database_options(parser: argparse.ArgumentParser, *, schema: bool = True
     if not schema:
         return
     parser.add_argument(
-        "--schema",
-        default=DEFAULT_SCHEMA,
-        type=_schema,
-        help=f"schema holding the leasebox tables (default: {DEFAULT_SCHEMA})",
+        options.SCHEMA.flag,
+        dest=options.SCHEMA.dest,
+        help=f"schema holding the leasebox tables (default: ${options.SCHEMA.variable}, "
+        f"else {DEFAULT_SCHEMA})",
     )
-
-
-def _schema(value: str) -> str:
-    try:
-        return validate_schema_name(value)
-    except Exception as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def kinds_list(value: str) -> list[str]:

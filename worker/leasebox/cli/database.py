@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leasebox.cli.common import add_database_options, kinds_list
+from leasebox.cli.common import add_database_options, database, kinds_list
+
+if TYPE_CHECKING:
+    from leasebox.catalogue import Catalogue
 
 
 def register(subparsers: Any) -> None:
@@ -18,6 +22,18 @@ def register(subparsers: Any) -> None:
         "an advisory lock serialises them.",
     )
     add_database_options(migrate)
+    looking = migrate.add_mutually_exclusive_group()
+    looking.add_argument(
+        "--check",
+        action="store_true",
+        help="apply nothing; exit 1 if a migration is pending (for a deploy pipeline), 0 if "
+        "the schema is up to date",
+    )
+    looking.add_argument(
+        "--plan",
+        action="store_true",
+        help="apply nothing; print each pending migration and the SQL it would run",
+    )
     migrate.set_defaults(func=run_migrate)
 
     enqueue = subparsers.add_parser(
@@ -44,10 +60,27 @@ def register(subparsers: Any) -> None:
     enqueue.add_argument("--scope", help="namespace of the idempotency key (default: default)")
     enqueue.add_argument("--ttl", type=float, help="seconds after which it is never sent")
     enqueue.add_argument(
+        "--replacement-key",
+        metavar="KEY",
+        help="supersede the older messages of this key not yet sent (resend code)",
+    )
+    enqueue.add_argument(
         "--max-attempts", type=int, help="attempt limit for this message (default: the worker's, 8)"
     )
     enqueue.add_argument(
         "--json", action="store_true", help="read the message as a JSON object from stdin"
+    )
+    enqueue.add_argument(
+        "--kinds",
+        type=kinds_list,
+        help="kinds to accept besides the built-in ones, as the workers' --kinds "
+        "(default: $LEASEBOX_KINDS)",
+    )
+    enqueue.add_argument(
+        "--templates",
+        metavar="DIR",
+        help="the workers' templates directory: its templates are accepted besides the "
+        "built-in ones (default: $LEASEBOX_TEMPLATES)",
     )
     enqueue.set_defaults(func=run_enqueue)
 
@@ -65,17 +98,53 @@ def register(subparsers: Any) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from leasebox.db.connections import redact_dsn, resolve_dsn
+    from leasebox.db.connections import redact_dsn
     from leasebox.db.migrations import migrate
 
-    dsn = resolve_dsn(args.dsn)
-    applied = migrate(dsn, args.schema)
-    target = redact_dsn(dsn)
+    db = database(args)
+    if args.check or args.plan:
+        return _look_at_migrations(db.dsn, db.schema, plan=args.plan)
+    applied = migrate(db.dsn, db.schema)
+    target = redact_dsn(db.dsn)
     if applied:
         for migration in applied:
-            print(f"applied {migration.version:04d}_{migration.name} to {args.schema} ({target})")
+            print(f"applied {migration.version:04d}_{migration.name} to {db.schema} ({target})")
     else:
-        print(f"schema {args.schema} is up to date ({target})")
+        print(f"schema {db.schema} is up to date ({target})")
+    return 0
+
+
+def _look_at_migrations(dsn: str, schema: str, *, plan: bool) -> int:
+    """`migrate --check` and `--plan`: what `migrate` would apply, applying nothing."""
+    from leasebox.db.connections import connect
+    from leasebox.db.migrations import applied_versions, expected_schema_version, pending_migrations
+    from leasebox.db.queries import compose
+    from leasebox.errors import NotMigrated
+
+    with connect(dsn, autocommit=True) as conn:
+        pending = pending_migrations(conn, schema)
+        newest = max(applied_versions(conn, schema), default=0)
+        if plan:
+            for migration in pending:
+                print(f"-- {migration.version:04d}_{migration.name}")
+                print(compose(migration.text(), schema).as_string(conn).strip() + "\n")
+    names = [f"{m.version:04d}_{m.name}" for m in pending]
+    if plan:
+        print(
+            f"-- {len(names)} migration(s) pending for schema {schema}"
+            if names
+            else f"-- schema {schema} is up to date: nothing to apply"
+        )
+        return 0
+    if names:
+        raise NotMigrated(schema, f"{len(names)} migration(s) pending: {', '.join(names)}")
+    if newest > expected_schema_version():
+        print(
+            f"schema {schema} is at version {newest}, newer than this release's "
+            f"{expected_schema_version()}: nothing to apply"
+        )
+    else:
+        print(f"schema {schema} is up to date (version {newest})")
     return 0
 
 
@@ -89,6 +158,8 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
             fields = json.loads(sys.stdin.read())
         except json.JSONDecodeError as exc:
             raise ConfigurationError(f"stdin is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ConfigurationError("stdin holds JSON nested too deeply") from None
         if not isinstance(fields, dict):
             raise ConfigurationError("stdin must hold a JSON object")
         return fields
@@ -96,6 +167,8 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
         data = json.loads(args.data)
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"--data is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError("--data is nested too deeply") from None
     secrets = {}
     for item in args.secret:
         name, sep, value = item.partition("=")
@@ -110,6 +183,7 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
         "data": data,
         "secrets": secrets,
         "max_attempts": args.max_attempts,
+        "replacement_key": args.replacement_key,
     }
     if args.ttl is not None:
         fields["expires_at"] = datetime.now(UTC) + timedelta(seconds=args.ttl)
@@ -117,50 +191,71 @@ def _message_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_enqueue(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
-    from leasebox.errors import ConfigurationError
+    from leasebox.db.connections import check_migrated, connect
     from leasebox.messages import OutboxMessage
     from leasebox.producer.enqueue import enqueue
 
     fields = _message_fields(args)
     idempotency_key = fields.pop("idempotency_key", None) or args.idempotency_key
     scope = fields.pop("scope", None) or args.scope
-    try:
-        message = OutboxMessage.model_validate(fields)
-    except ValidationError as exc:
-        raise ConfigurationError(f"invalid message: {describe_validation(exc)}") from None
-    with connect(resolve_dsn(args.dsn)) as conn:
-        check_migrated(conn, args.schema)
+    message = OutboxMessage.model_validate(fields)  # InvalidMessage: one line, exit 2
+    catalogue = _catalogue(args)
+    catalogue.check(message)  # before connecting: the same refusal as enqueue's
+    db = database(args)
+    with connect(db.dsn) as conn:
+        check_migrated(conn, db.schema)
         receipt = enqueue(
-            conn, message, idempotency_key=idempotency_key, scope=scope, schema=args.schema
+            conn,
+            message,
+            idempotency_key=idempotency_key,
+            scope=scope,
+            schema=db.schema,
+            catalogue=catalogue,
         )
         conn.commit()
     print(receipt.model_dump_json())
     return 0
 
 
-def describe_validation(exc: Any) -> str:
-    """`field: problem; field: problem`, without echoing input values (they may be secret)."""
-    parts = []
-    for error in exc.errors():
-        field = ".".join(str(p) for p in error["loc"]) or "message"
-        parts.append(f"{field}: {error['msg']}")
-    return "; ".join(parts)
+def _catalogue(args: argparse.Namespace) -> Catalogue:
+    """The built-in kinds and templates, and those the workers are configured with.
+
+    The command has no application to declare its templates, so it takes what the workers
+    take: their kinds, and the templates of their directory (whose variables it cannot know:
+    a missing variable is left to the worker)."""
+    from pathlib import Path
+
+    from leasebox.catalogue import Catalogue
+    from leasebox.errors import ConfigurationError
+
+    catalogue = Catalogue()
+    kinds = args.kinds
+    variable = os.environ.get("LEASEBOX_KINDS", "").strip()
+    if kinds is None and variable:
+        try:
+            kinds = kinds_list(variable)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigurationError(f"LEASEBOX_KINDS: {exc}") from None
+    for kind in kinds or ():
+        catalogue.register_kind(kind)
+    templates = args.templates or os.environ.get("LEASEBOX_TEMPLATES", "").strip()
+    if templates:
+        catalogue.register_directory(Path(templates))
+    return catalogue
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
+    from leasebox.db.connections import check_migrated, connect
     from leasebox.store.backlog import fetch_backlog, known_kinds
 
-    with connect(resolve_dsn(args.dsn), autocommit=True) as conn:
-        check_migrated(conn, args.schema)
-        kinds = args.kinds or known_kinds(conn, schema=args.schema)
+    db = database(args)
+    with connect(db.dsn, autocommit=True) as conn:
+        check_migrated(conn, db.schema)
+        kinds = args.kinds or known_kinds(conn, schema=db.schema)
         if not kinds:
             print("{}" if args.json else "no backlog: nothing pending, processing or dead")
             return 0
-        backlog = fetch_backlog(conn, kinds, schema=args.schema)
+        backlog = fetch_backlog(conn, kinds, schema=db.schema)
     if args.json:
         kinds = {name: view.as_dict() for name, view in backlog.by_kind().items()}
         print(json.dumps({"total": backlog.as_dict(), "kinds": kinds}, indent=2))

@@ -5,7 +5,9 @@ imports its heavy dependencies (kopf, aiohttp, the worker) only when it runs, so
 `leasebox --help` stays fast. An error that ends a command is one line on stderr (one JSON
 object when the log format is JSON, in the schema of every other log line) and an exit
 status a supervisor can act on: 1 for a runtime failure, 2 for a usage or configuration
-error; nothing prints a traceback for a wrong DSN or a bad flag.
+error; nothing prints a traceback for a wrong DSN or a bad flag. A reader that closes the
+pipe early (`leasebox trace ... | head`) stops the command quietly, with the status a shell
+gives a tool stopped by SIGPIPE (141).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +34,8 @@ COMMAND_MODULES = (
 )
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+# What a shell reports for a tool stopped by SIGPIPE (128 + 13): the reader of stdout left.
+EXIT_CLOSED_PIPE = 141
 # The extra that brings each optional dependency, for the error that names the fix.
 EXTRA_OF = {
     "aiohttp": "worker",
@@ -71,6 +76,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        status = _run(argv)
+        # A reader that went away shows here, inside the handler, rather than as a traceback
+        # when the interpreter flushes at exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # some other pipe or socket: not the reader of our output
+        # `leasebox trace | head`: the reader has what it wanted. Stop quietly, as a Unix tool
+        # stopped by SIGPIPE does, and give the interpreter somewhere to flush the rest.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+    return status
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() here, or no stdout at all
+        return True
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if getattr(args, "passthrough", False):
@@ -95,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise  # `main` tells a closed stdout from a failure
     except Exception as exc:
         if not json_logs:
             raise  # a bug: the traceback is the report

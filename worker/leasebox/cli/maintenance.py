@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from leasebox.cli.common import add_database_options, kinds_list, positive_int
+from leasebox.cli.common import add_database_options, database, kinds_list, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -33,7 +33,9 @@ def register(subparsers: Any) -> None:
         add_database_options(parser)
         parser.add_argument("--kind", type=kinds_list, help="comma-separated kinds")
         parser.add_argument(
-            "--reason", help="dead reason: rejected, invalid_message, attempts_exhausted, expired"
+            "--reason",
+            help="dead reason: rejected, invalid_message, attempts_exhausted, expired, "
+            "possibly_delivered",
         )
         parser.add_argument(
             "--older-than", metavar="DURATION", help="dead for longer than this, e.g. 1h or 7d"
@@ -66,8 +68,9 @@ def register(subparsers: Any) -> None:
         description="Drop each day of sent messages, their history and expired receipts once "
         "the whole day is older than the retention (a day partition at a time, in one short "
         "transaction). Messages of those days not sent yet, dead letters, and messages a "
-        "live receipt names are moved to today first. Also creates the partitions of the "
-        "coming days, and of past days whose rows wait in a default partition.",
+        "live receipt names are moved first (once) to the kept partition, which is never "
+        "dropped. Also creates the partitions of the coming days, and of past days whose "
+        "rows wait in a default partition.",
     )
     add_database_options(prune)
     prune.add_argument("--retention", default="7d", help="keep this much history (default: 7d)")
@@ -114,24 +117,27 @@ def _selection(args: argparse.Namespace) -> Any:
     )
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
+def _connect(args: argparse.Namespace) -> tuple[Any, str]:
+    """A connection to the command's database, and its schema (migrated)."""
+    from leasebox.db.connections import check_migrated, connect
 
-    conn = connect(resolve_dsn(args.dsn))
+    db = database(args)
+    conn = connect(db.dsn)
     try:
-        check_migrated(conn, args.schema)
+        check_migrated(conn, db.schema)
     except BaseException:
         conn.close()
         raise
-    return conn
+    return conn, db.schema
 
 
 def run_list(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import list_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
-        letters = list_dead_letters(conn, selection, schema=args.schema)
+    conn, schema = _connect(args)
+    with conn:
+        letters = list_dead_letters(conn, selection, schema=schema)
     if args.json:
         print(json.dumps([letter.as_dict() for letter in letters], indent=2))
         return 0
@@ -161,10 +167,9 @@ def run_requeue(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import requeue_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
-        ids = requeue_dead_letters(
-            conn, selection, clear_expiry=args.clear_expiry, schema=args.schema
-        )
+    conn, schema = _connect(args)
+    with conn:
+        ids = requeue_dead_letters(conn, selection, clear_expiry=args.clear_expiry, schema=schema)
     if args.json:
         print(json.dumps({"requeued": ids}))
     else:
@@ -177,19 +182,21 @@ def run_purge(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import count_dead_letters, purge_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
+    conn, schema = _connect(args)
+    with conn:
         if not args.yes:
-            count = count_dead_letters(conn, selection, schema=args.schema)
+            count = count_dead_letters(conn, selection, schema=schema)
             raise ConfigurationError(
                 f"purge would delete {count} dead letters for good; pass --yes to confirm"
             )
-        deleted = purge_dead_letters(conn, selection, schema=args.schema)
+        deleted = purge_dead_letters(conn, selection, schema=schema)
     print(json.dumps({"purged": deleted}) if args.json else f"purged {deleted} dead letters")
     return 0
 
 
 def run_prune(args: argparse.Namespace) -> int:
     from leasebox.cli.common import parse_duration
+    from leasebox.errors import DatabaseError
     from leasebox.store.pruning import prune
 
     retention = parse_duration(args.retention)
@@ -199,11 +206,12 @@ def run_prune(args: argparse.Namespace) -> int:
             "leasebox prune: --batch-size is no longer used: retention drops whole days",
             file=sys.stderr,
         )
-    with _connect(args) as conn:
+    conn, schema = _connect(args)
+    with conn:
         result = prune(
             conn,
             retention_seconds=retention,
-            schema=args.schema,
+            schema=schema,
             receipt_ttl_seconds=receipt_ttl,
             allow_short_retention=args.allow_short_retention,
         )
@@ -215,6 +223,7 @@ def run_prune(args: argparse.Namespace) -> int:
                     "receipts": result.receipts,
                     "kept": result.kept,
                     "partitions": list(result.partitions),
+                    "problem": result.problem,
                 }
             )
         )
@@ -224,6 +233,9 @@ def run_prune(args: argparse.Namespace) -> int:
             f"({len(result.partitions)} day partitions dropped); kept {result.kept} messages "
             "of those days that are not sent, dead, or named by a live receipt"
         )
+    if result.problem:
+        # The days were dropped; what the partition upkeep could not do is a failure to retry.
+        raise DatabaseError(result.problem)
     return 0
 
 

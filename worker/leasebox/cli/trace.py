@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from leasebox.cli.common import add_database_options, kinds_list, positive_int
+from leasebox.cli.common import add_database_options, database, kinds_list, positive_int
 
 if TYPE_CHECKING:
     from leasebox.store.history import Selector
@@ -80,8 +80,15 @@ def register(subparsers: Any) -> None:
 
 def _text(what: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
+        from leasebox.errors import InvalidRequest
+        from leasebox.messages import check_request_key
+
         if not value.strip():
             raise argparse.ArgumentTypeError(f"the {what} must not be empty")
+        try:
+            check_request_key(what.replace(" ", "_"), value)
+        except InvalidRequest as exc:  # what the database could not look up
+            raise argparse.ArgumentTypeError(str(exc)) from None
         return value
 
     return parse
@@ -115,17 +122,18 @@ def selector_of(args: argparse.Namespace) -> Selector:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
+    from leasebox.db.connections import check_migrated, connect
     from leasebox.errors import LeaseboxError
     from leasebox.inspection.narrative import render_text, trace_dict
     from leasebox.inspection.trace import build_trace
     from leasebox.store.history import check_history, read_trace
 
     selector = selector_of(args)
-    with connect(resolve_dsn(args.dsn), autocommit=True) as conn:
-        check_migrated(conn, args.schema)
-        check_history(conn, schema=args.schema)
-        records = read_trace(conn, selector, schema=args.schema)
+    db = database(args)
+    with connect(db.dsn, autocommit=True) as conn:
+        check_migrated(conn, db.schema)
+        check_history(conn, schema=db.schema)
+        records = read_trace(conn, selector, schema=db.schema)
     if not records.rows:
         raise LeaseboxError(f"nothing to trace: no send has {selector.describe()}")
     trace = build_trace(records, selector, show_recipients=args.show_recipients)

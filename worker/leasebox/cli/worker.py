@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from leasebox.cli.common import add_database_options
+from leasebox.cli.common import add_database_options, database
 from leasebox.runtime import options
 from leasebox.runtime.options import OPTIONS, Style, Target
 
@@ -51,7 +51,6 @@ def read_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[s
 
 def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     """`ProcessConfig` from flags and environment; `ConfigurationError` on any bad value."""
-    from leasebox.db.connections import resolve_dsn
     from leasebox.errors import ConfigurationError
     from leasebox.runtime.process import ProcessConfig
     from leasebox.runtime.settings import WorkerSettings, default_worker_id
@@ -65,13 +64,20 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     chosen = {o.name: values[o.name] for o in OPTIONS if o.target is Target.SETTINGS}
     chosen["batch_size"] = chosen["batch_size"] or chosen["concurrency"]
     chosen["worker_id"] = chosen["worker_id"] or default_worker_id()
+    if chosen["quota_rate"] is not None and not chosen["quota_account"]:
+        chosen["quota_account"] = account_of(values["provider_url"])
     try:
         settings = WorkerSettings(**chosen)
     except ConfigurationError as exc:
         # The settings check values, not sources: name where a value they refuse came from.
         named: tuple[tuple[str, options.Option[Any]], ...] = (
+            ("priorit", options.PRIORITIES),
+            ("aging", options.PRIORITIES),
             ("kind", options.KINDS),
             ("retention", options.RETENTION),
+            ("quota burst", options.QUOTA_BURST),
+            ("quota account", options.QUOTA_ACCOUNT),
+            ("quota", options.QUOTA),
         )
         for word, option in named:
             if word in str(exc):
@@ -86,7 +92,21 @@ def process_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
     process = {o.name: values[o.name] for o in OPTIONS if o.target is Target.PROCESS}
     for logging_option in (options.LOG_FORMAT, options.LOG_LEVEL):
         del process[logging_option.name]
-    return ProcessConfig(settings=settings, dsn=resolve_dsn(args.dsn, environ), **process)
+    return ProcessConfig(settings=settings, dsn=database(args, environ).dsn, **process)
+
+
+def account_of(provider_url: str) -> str:
+    """The provider account a URL names, without its credentials or options: workers with
+    the same provider URL share a quota unless they name their account."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(provider_url)
+    host = parts.hostname or ""
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # refused with its reason when the provider is built
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
 """Connecting to PostgreSQL with errors a person can act on.
 
-Every command resolves its DSN the same way (flag, `LEASEBOX_DSN`, `DATABASE_URL`), and
+Every command resolves its DSN the same way (flag, `LEASEBOX_DSN`, `DATABASE_URL`), in any
+spelling an application's own `DATABASE_URL` may have (SQLAlchemy's `postgresql+psycopg://`
+and `postgresql+asyncpg://` too, `libpq_dsn`), and
 every failure to connect becomes one line that names the host and never the password: the
 server's own reason (libpq wraps it in "connection to server at ... failed:" once per address
 it tried), and for a refused password what to check.
@@ -35,15 +37,57 @@ CONNECT_TIMEOUT = 5
 POOL_TIMEOUT = 5.0
 
 
+# SQLAlchemy names its driver in the URL's scheme (`postgresql+psycopg://`), which libpq does
+# not know; asyncpg's URLs say `ssl=` where libpq says `sslmode=`.
+_DRIVER_SCHEME = re.compile(r"^(postgres(?:ql)?)\+([A-Za-z0-9_]+)://", re.IGNORECASE)
+_ASYNCPG_SSL = {"true": "require", "false": "disable"}
+_SSL_MODES = frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})
+
+
+def libpq_dsn(dsn: str) -> str:
+    """`dsn` as libpq reads it, so that one `DATABASE_URL` serves an application's SQLAlchemy
+    engine and leasebox: `postgresql+psycopg://` and `postgresql+asyncpg://` (any `+driver`)
+    become `postgresql://`, and asyncpg's `ssl=require` becomes `sslmode=require`. Any other
+    DSN (a libpq URL, `key=value` pairs) is returned as it is."""
+    text = dsn.strip()
+    found = _DRIVER_SCHEME.match(text)
+    if found is None:
+        return dsn
+    rest = text[found.end() :]
+    if found.group(2).lower() == "asyncpg":
+        rest = _libpq_ssl(rest)
+    return f"postgresql://{rest}"
+
+
+def _libpq_ssl(rest: str) -> str:
+    """The part after `scheme://` with asyncpg's `ssl` option spelled as libpq's `sslmode`."""
+    where, mark, query_text = rest.partition("?")
+    if not mark:
+        return rest
+    options = []
+    for option in query_text.split("&"):
+        name, equals, value = option.partition("=")
+        if name == "ssl" and equals:
+            mode = _ASYNCPG_SSL.get(value.lower(), value.lower())
+            if mode not in _SSL_MODES:
+                raise ConfigurationError(
+                    "the DSN's ssl option must be one of "
+                    f"{', '.join(sorted(_SSL_MODES))}, true or false"
+                )
+            option = f"sslmode={mode}"
+        options.append(option)
+    return f"{where}?{'&'.join(options)}"
+
+
 def resolve_dsn(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """The DSN from the flag, else `LEASEBOX_DSN`, else `DATABASE_URL`."""
+    """The DSN from the flag, else `LEASEBOX_DSN`, else `DATABASE_URL`, as libpq reads it."""
     if explicit:
-        return explicit
+        return libpq_dsn(explicit)
     env = os.environ if environ is None else environ
     for name in DSN_VARIABLES:
         value = env.get(name, "").strip()
         if value:
-            return value
+            return libpq_dsn(value)
     raise ConfigurationError(
         "no database given: pass --dsn or set LEASEBOX_DSN (or DATABASE_URL), e.g. "
         "postgresql://leasebox@db:5432/app"
@@ -53,8 +97,8 @@ def resolve_dsn(explicit: str | None = None, environ: Mapping[str, str] | None =
 def redact_dsn(dsn: str) -> str:
     """The DSN with its password replaced, safe for logs and error messages."""
     try:
-        params = conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+        params = conninfo.conninfo_to_dict(libpq_dsn(dsn))
+    except (psycopg.ProgrammingError, ConfigurationError):
         return "<unparseable DSN>"
     if "password" in params:
         params["password"] = "***"  # noqa: S105 - the placeholder that replaces it
@@ -64,8 +108,8 @@ def redact_dsn(dsn: str) -> str:
 def describe_target(dsn: str) -> str:
     """`host:port/dbname` of a DSN, for one-line errors."""
     try:
-        params = conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+        params = conninfo.conninfo_to_dict(libpq_dsn(dsn))
+    except (psycopg.ProgrammingError, ConfigurationError):
         return "<unparseable DSN>"
     host = str(params.get("host") or "local socket")
     port = str(params.get("port") or "5432")
@@ -87,7 +131,7 @@ def connection_error(dsn: str, exc: BaseException) -> DatabaseUnavailable:
         if symptom in detail:
             detail = f"{detail}; {hint}"
             break
-    password = conninfo.conninfo_to_dict(dsn).get("password") if _parses(dsn) else None
+    password = conninfo.conninfo_to_dict(libpq_dsn(dsn)).get("password") if _parses(dsn) else None
     if password:
         detail = detail.replace(str(password), "***")
     return DatabaseUnavailable(f"cannot connect to PostgreSQL at {describe_target(dsn)}: {detail}")
@@ -112,14 +156,15 @@ def _reason(message: str) -> str:
 
 def _parses(dsn: str) -> bool:
     try:
-        conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+        conninfo.conninfo_to_dict(libpq_dsn(dsn))
+    except (psycopg.ProgrammingError, ConfigurationError):
         return False
     return True
 
 
 def connect(dsn: str, *, autocommit: bool = False, connect_timeout: int = 10) -> psycopg.Connection:
     """A synchronous connection, or `DatabaseUnavailable` with a readable reason."""
+    dsn = libpq_dsn(dsn)
     if not _parses(dsn):
         raise ConfigurationError("the DSN cannot be parsed; expected postgresql://user@host/db")
     try:

@@ -45,8 +45,10 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match.group(1)), match.group(2), entry.name))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
+    # Versions only ever grow; a number may be skipped (lines of work that take their
+    # numbers apart merge in any order), never given twice.
+    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
+        raise RuntimeError(f"migration versions must be distinct and from 1, found {versions}")
     return found
 
 
@@ -64,6 +66,14 @@ def applied_versions(conn: psycopg.Connection, schema: str) -> set[int]:
         return set()
     rows = conn.execute(compose("SELECT version FROM {schema}.schema_migrations", schema))
     return {int(r[0]) for r in rows}
+
+
+def pending_migrations(conn: psycopg.Connection, schema: str) -> list[Migration]:
+    """The migrations of this release not yet applied to `schema`, in order (all of them
+    for a schema that does not exist); reads only."""
+    validate_schema_name(schema)
+    done = applied_versions(conn, schema)
+    return [m for m in available_migrations() if m.version not in done]
 
 
 def migrate(dsn_or_conn: str | psycopg.Connection, schema: str = "leasebox") -> list[Migration]:

@@ -22,14 +22,15 @@ from typing import Any, overload
 
 import jinja2
 import jinja2.meta
+import jinja2.nodes
 
+from leasebox import catalogue
+from leasebox.catalogue import HTML_FILE, SUBJECT_FILE, TEXT_FILE, TemplateSpec
 from leasebox.errors import TemplateError
 
 BUILTIN_TEMPLATES_DIR = Path(__file__).parent / "templates"
-BUILTIN_TEMPLATES = ("otp", "verification", "password_reset", "invite")
-SUBJECT_FILE = "subject.txt.j2"
-TEXT_FILE = "body.txt.j2"
-HTML_FILE = "body.html.j2"
+# The names the producer's catalogue declares, so that the two cannot list different ones.
+BUILTIN_TEMPLATES = tuple(spec.name for spec in catalogue.BUILTIN_TEMPLATES)
 _TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*(/[a-z0-9][a-z0-9_\-]*)*$")
 _MISSING_NAME = re.compile(r"^'([A-Za-z_][A-Za-z0-9_]*)' is undefined$")
 
@@ -83,9 +84,9 @@ class TemplateRenderer:
         search = [BUILTIN_TEMPLATES_DIR] if templates_dir is None else [templates_dir]
         if templates_dir is not None:
             search.append(BUILTIN_TEMPLATES_DIR)
-        loader = jinja2.FileSystemLoader([str(path) for path in search])
-        self._text = _environment(loader, autoescape=False)
-        self._html = _environment(loader, autoescape=True)
+        self._loader = jinja2.FileSystemLoader([str(path) for path in search])
+        self._text = _environment(self._loader, autoescape=False)
+        self._html = _environment(self._loader, autoescape=True)
         self._globals = dict(self._text.globals)
         self._files: dict[str, _Files] = {}
 
@@ -114,6 +115,64 @@ class TemplateRenderer:
         except TemplateError:
             return False
         return True
+
+    def disagreements(
+        self, spec: TemplateSpec, samples: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """How the declaration `spec` disagrees with the template's files; empty if it agrees.
+
+        The variables the files read come from their source and from every file they extend,
+        import or include. The declaration is then proved by rendering: with its required
+        variables only and with all of them (each must render), and with each required one
+        left out (each must fail). Values are `samples`, else the string "x".
+        """
+        if not self.has_template(spec.name):
+            return [f"{spec.name}: declared, but has no {SUBJECT_FILE} and {TEXT_FILE}"]
+        problems = []
+        read = self._variables_read(spec.name)
+        problems += [
+            f"{spec.name}: reads {v!r}, not declared" for v in sorted(read - spec.variables)
+        ]
+        problems += [
+            f"{spec.name}: declares {v!r}, which it never reads"
+            for v in sorted(spec.variables - read)
+        ]
+        values = {name: (samples or {}).get(name, "x") for name in spec.variables}
+        for label, given in (("only its required", spec.required), ("all its", spec.variables)):
+            try:
+                self.render(spec.name, {name: values[name] for name in given}, {})
+            except TemplateError as exc:
+                problems.append(f"{spec.name}: fails with {label} variables: {exc}")
+        for name in sorted(spec.required):
+            try:
+                self.render(spec.name, {v: values[v] for v in spec.required - {name}}, {})
+            except TemplateError:
+                continue
+            problems.append(f"{spec.name}: renders without {name!r}, which it declares required")
+        return problems
+
+    def _variables_read(self, template: str) -> set[str]:
+        """Every variable the template's files, and the files they use, read from a message."""
+        pending = [f"{template}/{file}" for file in (SUBJECT_FILE, TEXT_FILE, HTML_FILE)]
+        seen: set[str] = set()
+        read: set[str] = set()
+        while pending:
+            path = pending.pop()
+            if path in seen:
+                continue
+            seen.add(path)
+            try:
+                source, _, _ = self._loader.get_source(self._text, path)
+            except jinja2.TemplateNotFound:
+                continue  # the HTML body is optional
+            parsed = self._text.parse(source)
+            # A block is analysed as a scope of its own, blind to the file's imports.
+            imported = {node.target for node in parsed.find_all(jinja2.nodes.Import)}
+            for node in parsed.find_all(jinja2.nodes.FromImport):
+                imported |= {name if isinstance(name, str) else name[1] for name in node.names}
+            read |= jinja2.meta.find_undeclared_variables(parsed) - imported
+            pending += [name for name in jinja2.meta.find_referenced_templates(parsed) if name]
+        return read - set(self._globals)
 
     def _compile(self, template: str) -> _Files:
         if not _TEMPLATE_NAME.fullmatch(template):

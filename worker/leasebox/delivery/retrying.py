@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from leasebox.delivery.providers.base import Outcome, one_line, request_outcome
-from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError
+from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError, UnreadableData
 from leasebox.states import DeadReason
 
 
@@ -52,8 +52,11 @@ class Failure:
 
 # A message whose outbox row is gone (removed by hand) has nothing to send, ever.
 MISSING_MESSAGE_CODE = "missing_message"
-_INVALID_MESSAGE_CODES = frozenset({"template", MISSING_MESSAGE_CODE})
+_INVALID_MESSAGE_CODES = frozenset({"template", "invalid_data", MISSING_MESSAGE_CODE})
 EXPIRED_CODE = "expired"
+# The provider may have taken the message (`AmbiguousProviderError`, a send cut short).
+AMBIGUOUS_CODE = "ambiguous"
+TIMEOUT_CODE = "timeout"
 # A code becomes a metric label and a column: short, lower-case, from a small alphabet.
 MAX_CODE_LENGTH = 40
 _CODE_CHARACTERS = re.compile(r"[^a-z0-9_]+")
@@ -68,6 +71,7 @@ def classify(exc: BaseException) -> Failure:
     |----------------------------------------|-----------|--------------------------|
     | `ProviderError`                        | its own   | its own (`smtp_550`, ..) |
     | template error (missing, undefined)    | permanent | `template`               |
+    | `UnreadableData` (data nested too deep) | permanent | `invalid_data`          |
     | `PayloadKeyError` (secrets unreadable) | transient | `payload_keys`           |
     | `TimeoutError`                         | transient | `timeout`                |
     | `ConnectionError`, other `OSError`     | transient | `connection`             |
@@ -89,12 +93,14 @@ def classify(exc: BaseException) -> Failure:
         error_class = PERMANENT if exc.error_class == PERMANENT else TRANSIENT
         retry_after = _seconds(getattr(exc, "retry_after", None))
         return Failure(error_class, code, detail, retry_after, request_outcome(exc).value)
+    if isinstance(exc, UnreadableData):
+        return Failure(PERMANENT, "invalid_data", one_line(str(exc)))
     if _is_template_error(exc):
         return Failure(PERMANENT, "template", one_line(str(exc)) or "template error")
     if isinstance(exc, PayloadKeyError):
         return Failure(TRANSIENT, "payload_keys", one_line(str(exc)))
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        return Failure(TRANSIENT, "timeout", "the send timed out", outcome=Outcome.TIMEOUT.value)
+        return Failure(TRANSIENT, TIMEOUT_CODE, "the send timed out", outcome=Outcome.TIMEOUT.value)
     if isinstance(exc, ConnectionError | OSError):
         detail = f"connection failed ({type(exc).__name__})"
         return Failure(TRANSIENT, "connection", detail, outcome=Outcome.CONNECTION.value)

@@ -163,6 +163,11 @@ def attempt_line(attempt: Attempt) -> str:
         tail = f"dead-lettered at {ended} (reason {attempt.dead_reason}; {_failure(attempt)})"
     elif outcome == Event.RELEASED:
         tail = f"released unsent at {ended} (shutdown, or its lease ran out before the send)"
+    elif outcome == Event.SUPERSEDED:
+        tail = (
+            f"superseded at {ended} by outbox id {attempt.superseded_by}, a newer message of "
+            "its replacement key committed before it reached the wire: not sent"
+        )
     elif outcome == Event.LEASE_EXPIRED:
         tail = (
             f"its lease ran out at {when(attempt.lease_expires_at)} after "
@@ -219,6 +224,8 @@ def event_line(event: HistoryEvent) -> str:
         ),
         Event.EXPIRED: "expired while waiting, dead-lettered (expired)",
         Event.REQUEUED: "a dead letter made pending again by a person",
+        Event.SUPERSEDED: f"by outbox id {event.superseded_by}, "
+        + (f"{attempt} by {who}, before the wire" if event.lease_token else "while pending"),
     }
     return f"{when(event.at)}  {what:<13}  {details.get(Event(what), '')}".rstrip()
 
@@ -280,6 +287,11 @@ def chronicle(send: SendStory) -> str:
             phrases.append(f"expired in the queue at {when(event.at)}")
         elif what == Event.REQUEUED:
             phrases.append(f"requeued by a person at {when(event.at)}")
+        elif what == Event.SUPERSEDED:
+            where = f"before {who} wrote it to the wire" if event.lease_token else "while pending"
+            phrases.append(
+                f"superseded by outbox id {event.superseded_by} at {when(event.at)} {where}"
+            )
         if what != Event.LEASE_LOST:
             previous = what
     in_flight = [a for a in send.attempts if a.outcome == IN_FLIGHT]
@@ -298,6 +310,8 @@ def render_text(trace: Trace) -> str:
     for send in trace.sends:
         aggregate = f", aggregate {send.aggregate_id}" if send.aggregate_id else ""
         status = send.status + (f" ({send.dead_reason})" if send.dead_reason else "")
+        if send.superseded_by is not None:
+            status += f" by outbox id {send.superseded_by} (replacement key {send.replacement_key})"
         lines += [
             "",
             f"outbox id {send.outbox_id}: {send.kind}{aggregate}, to {send.recipient}, {status}",
@@ -338,6 +352,8 @@ def send_dict(send: SendStory) -> dict[str, Any]:
         "message_id": send.message_id,
         "status": send.status,
         "dead_reason": send.dead_reason,
+        "replacement_key": send.replacement_key,
+        "superseded_by": send.superseded_by,
         "created_at": when(send.created_at),
         "sent_at": when(send.sent_at) if send.sent_at else None,
         "requests": {
@@ -388,6 +404,7 @@ def attempt_dict(attempt: Attempt) -> dict[str, Any]:
         "error": attempt.error,
         "dead_reason": attempt.dead_reason,
         "provider_message_id": attempt.provider_message_id,
+        "superseded_by": attempt.superseded_by,
         "lease_lost": None
         if late is None
         else {
@@ -417,6 +434,7 @@ def event_dict(event: HistoryEvent) -> dict[str, Any]:
         "error": event.error,
         "dead_reason": event.dead_reason,
         "provider_message_id": event.provider_message_id,
+        "superseded_by": event.superseded_by,
     }
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 
-from leasebox.delivery.providers.base import derived_message_id, recipient_domain
-from leasebox.states import Event
+from leasebox.delivery.providers.base import key_digest, recipient_domain
+from leasebox.states import DeadReason, Event
 from leasebox.store.history import (
     HistoryEvent,
     ReceiptRecord,
@@ -27,8 +27,18 @@ from leasebox.store.history import (
 )
 
 # The events that end a lease; `lease_lost` comes from a worker whose lease already ended.
+# `superseded` ends one when a worker's check before the wire found the newer message, and
+# happens outside any lease (no token) when the producer's transaction replaced it pending.
 ENDINGS = frozenset(
-    {Event.SENT, Event.RETRY, Event.AMBIGUOUS, Event.DEAD, Event.RELEASED, Event.LEASE_EXPIRED}
+    {
+        Event.SENT,
+        Event.RETRY,
+        Event.AMBIGUOUS,
+        Event.DEAD,
+        Event.RELEASED,
+        Event.LEASE_EXPIRED,
+        Event.SUPERSEDED,
+    }
 )
 IN_FLIGHT = "in_flight"
 UNRECORDED = "unrecorded"
@@ -83,6 +93,7 @@ class Attempt:
     error: str | None = None
     dead_reason: str | None = None
     provider_message_id: str | None = None
+    superseded_by: int | None = None
     late: LateReport | None = None
 
     @property
@@ -142,6 +153,9 @@ class SendStory:
     ownership: Ownership
     workers: tuple[str, ...]
     copies: Copies
+    replacement_key: str | None = None
+    superseded_by: int | None = None
+    """The newer message of its replacement key that replaced it (status `superseded`)."""
 
     @property
     def requests(self) -> int:
@@ -189,6 +203,16 @@ def build_trace(
     return Trace(selector, sends)
 
 
+def _message_id(delivery_key: str, events: Sequence[HistoryEvent]) -> str:
+    """The Message-ID an SMTP send of this key wrote, as the history recorded it; its right
+    side is the sender's domain, which only a send knows, so before one it is `…`."""
+    left = f"<{key_digest(delivery_key)}@"
+    for event in events:
+        if event.provider_message_id and event.provider_message_id.startswith(left):
+            return event.provider_message_id
+    return f"{left}…>"
+
+
 def build_story(
     row: TracedRow,
     receipts: Sequence[ReceiptRecord],
@@ -205,7 +229,7 @@ def build_story(
         aggregate_id=row.aggregate_id,
         recipient=row.recipient if show_recipient else mask_recipient(row.recipient),
         delivery_key=row.delivery_key,
-        message_id=derived_message_id(row.delivery_key),
+        message_id=_message_id(row.delivery_key, ordered),
         status=row.status,
         dead_reason=row.dead_reason,
         created_at=row.created_at,
@@ -225,6 +249,8 @@ def build_story(
         ownership=ownership(attempts),
         workers=_workers(attempts),
         copies=count_copies(attempts),
+        replacement_key=row.replacement_key,
+        superseded_by=row.superseded_by,
     )
 
 
@@ -240,6 +266,8 @@ def pair_attempts(events: Iterable[HistoryEvent], row: TracedRow) -> tuple[Attem
     for event in events:
         if event.event not in ENDINGS | {Event.CLAIMED, Event.LEASE_LOST}:
             continue
+        if event.event == Event.SUPERSEDED and event.lease_token is None:
+            continue  # replaced while pending: no attempt
         token = str(event.lease_token) if event.lease_token is not None else None
         index = by_token.get(token) if token is not None else None
         if event.event == Event.CLAIMED or index is None:
@@ -292,6 +320,7 @@ def _settle(attempt: Attempt, event: HistoryEvent) -> Attempt:
         error=event.error,
         dead_reason=event.dead_reason,
         provider_message_id=event.provider_message_id,
+        superseded_by=event.superseded_by,
         worker_id=attempt.worker_id or event.worker_id,
         lease_expires_at=event.lease_expires_at or attempt.lease_expires_at,
     )
@@ -312,14 +341,17 @@ def ownership(attempts: Sequence[Attempt]) -> Ownership:
 
 def count_copies(attempts: Sequence[Attempt]) -> Copies:
     """Copies accepted (each `sent`, each late report of an accepted send) and copies the
-    provider may have (an ambiguous failure, a holder that vanished with its lease)."""
+    provider may have (an ambiguous failure, a last attempt that ended possibly delivered, a
+    holder that vanished with its lease)."""
     accepted: list[str] = []
     possible: list[str] = []
     for attempt in attempts:
         who = attempt.worker_id or "a worker"
         if attempt.outcome == Event.SENT:
             accepted.append(f"{who}'s send")
-        elif attempt.outcome == Event.AMBIGUOUS:
+        elif attempt.outcome == Event.AMBIGUOUS or (
+            attempt.outcome == Event.DEAD and attempt.dead_reason == DeadReason.POSSIBLY_DELIVERED
+        ):
             possible.append(f"{who}'s ambiguous attempt")
         elif attempt.vanished:
             possible.append(f"{who}'s attempt before its lease ran out")

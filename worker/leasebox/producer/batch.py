@@ -7,9 +7,11 @@ the advisory locks of all its keys, so a batch of N costs one round trip whateve
 
 Each message behaves as it would through `enqueue`: a live receipt of the same request is
 reused (and counted), a delivery key already in the outbox with the same message is the same
-send, a new one is written with its receipt. Inside the batch, a key given twice for the same
-request is one send (the later one gets the earlier one's receipt, `reused=True`), and so is
-an explicit delivery key given twice for the same message.
+send, a new one is written with its receipt, and one with a replacement key supersedes the
+pending messages of its key. Inside the batch, a key given twice for the same request is one
+send (the later one gets the earlier one's receipt, `reused=True`), and so is an explicit
+delivery key given twice for the same message; of two messages written with one replacement
+key, the later supersedes the earlier (which is written, and never queued).
 
 A conflict (a key reused for a different request, against the database or inside the batch)
 writes nothing at all: `BatchConflict` lists every offending message, so the caller can drop
@@ -29,9 +31,21 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from leasebox.catalogue import Catalogue, default_catalogue
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
-from leasebox.errors import BatchConflict, ConfigurationError, ConflictingRequest, DatabaseError
-from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
+from leasebox.errors import (
+    AlreadyExpired,
+    BatchConflict,
+    ConfigurationError,
+    ConflictingRequest,
+    DatabaseError,
+)
+from leasebox.messages import (
+    DEFAULT_RECEIPT_TTL_SECONDS,
+    OutboxMessage,
+    Receipt,
+    check_request_key,
+)
 from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 
@@ -63,6 +77,7 @@ def _prepare(
     receipt_ttl_seconds: float,
     schema: str,
     cipher: PayloadCipher,
+    catalogue: Catalogue | None = None,
 ) -> _Batch:
     if guard is not None:
         raise ConfigurationError(
@@ -73,9 +88,14 @@ def _prepare(
         isinstance(m, OutboxMessage) for m in messages
     ):
         raise TypeError("enqueue_many takes a sequence of OutboxMessage")
+    (default_catalogue() if catalogue is None else catalogue).check_all(messages)
     count = len(messages)
     keys = _per_message(idempotency_keys, count, "idempotency_keys")
     hashes = _per_message(request_hashes, count, "request_hashes")
+    check_request_key("scope", scope, empty=True)
+    for index, (key, given_hash) in enumerate(zip(keys, hashes, strict=True)):
+        check_request_key(f"idempotency_key #{index}", key)
+        check_request_key(f"request_hash #{index}", given_hash)
     scope_name = scope or "default"
 
     columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
@@ -118,16 +138,26 @@ def _prepare(
         columns["expires_at"].append(message.expires_at)
         columns["idempotency_keys"].append(key)
         columns["request_hashes"].append(fingerprint)
+        columns["replacement_keys"].append(message.replacement_key)
     if conflicts:
         raise BatchConflict(scope_name, conflicts)
 
     receipt_keys = [f"leasebox.receipt\x1f{scope_name}\x1f{k}" for k in by_key]
     delivery_locks = [f"leasebox.delivery\x1f{k}" for k in by_delivery_key]
+    replacement_locks = [
+        f"leasebox.replacement\x1f{k}"
+        for k in dict.fromkeys(columns["replacement_keys"])
+        if k is not None
+    ]
     lock = None
-    if receipt_keys or delivery_locks:
+    if receipt_keys or delivery_locks or replacement_locks:
         lock = (
             query_bytes("lock_keys", schema),
-            {"receipt_keys": receipt_keys, "delivery_keys": delivery_locks},
+            {
+                "receipt_keys": receipt_keys,
+                "delivery_keys": delivery_locks,
+                "replacement_keys": replacement_locks,
+            },
         )
     params: dict[str, Any] = {
         **columns,
@@ -160,6 +190,7 @@ _COLUMNS = (
     "expires_at",
     "idempotency_keys",
     "request_hashes",
+    "replacement_keys",
 )
 
 
@@ -181,6 +212,15 @@ def _receipts(batch: _Batch, rows: list[tuple[Any, ...]]) -> list[Receipt]:
     """
     written: dict[int, tuple[str, int, str]] = {}
     conflicts: list[ConflictingRequest] = []
+    expired = sorted(
+        index
+        for ord_, source, _, _ in rows
+        if source == "expired"
+        for index, (slot, _) in enumerate(batch.slots)
+        if slot == int(ord_) - 1
+    )
+    if expired:
+        raise AlreadyExpired(expired)
     for ord_, source, outbox_id, delivery_key in rows:
         slot = int(ord_) - 1
         if source in ("conflict", "receipt_conflict"):
@@ -240,12 +280,15 @@ def enqueue_many(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> list[Receipt]:
     """Write `messages` to the outbox in the caller's open transaction, in one statement.
 
     `idempotency_keys` (one per message, None for none) and `request_hashes` work as in
     `enqueue`; returns one `Receipt` per message, in input order. Raises `BatchConflict`,
-    having written nothing, when any message reuses a key for a different request.
+    having written nothing, when any message reuses a key for a different request, and
+    `InvalidMessage`, before any SQL, naming every message whose kind, template or required
+    variable the `catalogue` (default: the process-wide one) does not know.
     """
     batch = _prepare(
         messages,
@@ -256,6 +299,7 @@ def enqueue_many(
         receipt_ttl_seconds,
         schema,
         cipher or default_cipher(),
+        catalogue,
     )
     if not batch.slots:
         return []
@@ -287,6 +331,7 @@ async def enqueue_many_async(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> list[Receipt]:
     """`enqueue_many` for an async connection; the same semantics."""
     batch = _prepare(
@@ -298,6 +343,7 @@ async def enqueue_many_async(
         receipt_ttl_seconds,
         schema,
         cipher or default_cipher(),
+        catalogue,
     )
     if not batch.slots:
         return []

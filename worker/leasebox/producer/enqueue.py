@@ -20,9 +20,15 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from leasebox.catalogue import Catalogue, default_catalogue
 from leasebox.db.queries import DEFAULT_SCHEMA
-from leasebox.errors import DatabaseError, IdempotencyConflict
-from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
+from leasebox.errors import AlreadyExpired, DatabaseError, IdempotencyConflict
+from leasebox.messages import (
+    DEFAULT_RECEIPT_TTL_SECONDS,
+    OutboxMessage,
+    Receipt,
+    check_request_key,
+)
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.producer.plan import Plan, Step, one, run, run_async
@@ -38,19 +44,31 @@ def _plan(
     guard: AbuseGuard | None,
     receipt_ttl_seconds: float,
     cipher: PayloadCipher,
+    catalogue: Catalogue | None,
 ) -> Plan[Receipt]:
+    # Before any statement: a key the database would refuse would abort the caller's whole
+    # transaction from inside it.
+    check_request_key("idempotency_key", idempotency_key)
+    check_request_key("scope", scope, empty=True)
+    check_request_key("request_hash", request_hash)
+    # Before any statement: a message no worker could send is refused while the caller
+    # still holds the request, not dead-lettered later.
+    (default_catalogue() if catalogue is None else catalogue).check(message)
     scope_name = scope or "default"
     message_hash = message.request_hash()
     fingerprint = request_hash or message_hash
     explicit_key = message.delivery_key
-    # Serialise requests with the same idempotency key, then with the same delivery key (in
-    # this order, before the guard's locks, so that no two producers wait in a cycle): a
-    # statement that runs after a lock sees the row its holder committed.
+    # Serialise requests with the same idempotency key, then with the same delivery key, then
+    # with the same replacement key (in this order, before the guard's locks, so that no two
+    # producers wait in a cycle): a statement that runs after a lock sees the row its holder
+    # committed, so of two messages of one replacement key the later supersedes the earlier.
     keys: list[str] = []
     if idempotency_key is not None:
         keys.append(f"leasebox.receipt\x1f{scope_name}\x1f{idempotency_key}")
     if explicit_key is not None:
         keys.append(f"leasebox.delivery\x1f{explicit_key}")
+    if message.replacement_key is not None:
+        keys.append(f"leasebox.replacement\x1f{message.replacement_key}")
     locks = [("lock_key", {"key": key}) for key in keys]
     if guard is not None:
         # A request that reuses its receipt or its row is no new send and never counts.
@@ -115,6 +133,7 @@ def _plan(
         "ttl_seconds": receipt_ttl_seconds,
         # Taken by the statement itself, first, unless an earlier step took them.
         "locks": keys if locks else [],
+        "replacement_key": message.replacement_key,
     }
     row = yield one("enqueue", write)
     if row is None:
@@ -128,6 +147,8 @@ def _plan(
         return _reused(row, fingerprint, scope_name, idempotency_key)
     if row["source"] == "conflict":
         raise _delivery_key_conflict(row, scope_name, idempotency_key)
+    if row["source"] == "expired":
+        raise AlreadyExpired()
     return Receipt(
         outbox_id=int(row["outbox_id"]),
         delivery_key=row["delivery_key"],
@@ -162,6 +183,7 @@ def plan_enqueue(
     guard: AbuseGuard | None = None,
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Plan[Receipt]:
     """The statements of one `enqueue`, for a runner over another driver (the ORM adapters).
 
@@ -176,6 +198,7 @@ def plan_enqueue(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        catalogue,
     )
 
 
@@ -198,12 +221,15 @@ def enqueue(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Receipt:
     """Write `message` to the outbox in the caller's open transaction; never commits.
 
     With an `idempotency_key`, the same `(scope, key)` returns the first outbox id with
     `reused=True`, and a different request under the same key raises `IdempotencyConflict`.
-    `request_hash` overrides the default fingerprint (e.g. a hash of the HTTP body).
+    `request_hash` overrides the default fingerprint (e.g. a hash of the HTTP body). A kind,
+    template or required variable the `catalogue` (default: the process-wide one) does not
+    know is an `InvalidMessage`, before any SQL.
     """
     plan = _plan(
         message,
@@ -213,6 +239,7 @@ def enqueue(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        catalogue,
     )
     return run(conn, plan, schema)
 
@@ -228,6 +255,7 @@ async def enqueue_async(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Receipt:
     """`enqueue` for an async connection; the same semantics."""
     plan = _plan(
@@ -238,5 +266,6 @@ async def enqueue_async(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        catalogue,
     )
     return await run_async(conn, plan, schema)

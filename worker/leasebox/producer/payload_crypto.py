@@ -21,7 +21,7 @@ from functools import cache
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from leasebox.errors import ConfigurationError, PayloadKeyError
+from leasebox.errors import ConfigurationError, MissingPayloadKeys, PayloadKeyError
 
 KEYS_VARIABLE = "LEASEBOX_PAYLOAD_KEYS"
 PLAINTEXT_VARIABLE = "LEASEBOX_ALLOW_PLAINTEXT_SECRETS"
@@ -79,7 +79,7 @@ class PayloadCipher:
             raw = sealed[len(_PLAIN) :]
         elif sealed.startswith(_FERNET):
             if self._fernet is None:
-                raise PayloadKeyError(f"secrets are encrypted but {KEYS_VARIABLE} is not set")
+                raise MissingPayloadKeys(f"secrets are encrypted but {KEYS_VARIABLE} is not set")
             try:
                 raw = self._fernet.decrypt(sealed[len(_FERNET) :])
             except InvalidToken:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.types import TypeEngine
 
+from leasebox.catalogue import Catalogue
 from leasebox.db.queries import DEFAULT_SCHEMA
 from leasebox.messages import OutboxMessage, Receipt
 from leasebox.producer.enqueue import DEFAULT_RECEIPT_TTL_SECONDS, plan_enqueue
@@ -113,6 +114,7 @@ def enqueue(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Receipt:
     """`leasebox.enqueue` on a SQLAlchemy `Session` or `Connection`; never commits.
 
@@ -128,6 +130,7 @@ def enqueue(
         guard=guard,
         receipt_ttl_seconds=receipt_ttl_seconds,
         cipher=cipher,
+        catalogue=catalogue,
     )
 
     def execute(name: str, params: dict[str, Any]) -> Row:
@@ -147,6 +150,7 @@ async def enqueue_async(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
 ) -> Receipt:
     """`enqueue` on an `AsyncSession` or `AsyncConnection`; the same semantics."""
     conn = await _async_connection(session)
@@ -158,6 +162,7 @@ async def enqueue_async(
         guard=guard,
         receipt_ttl_seconds=receipt_ttl_seconds,
         cipher=cipher,
+        catalogue=catalogue,
     )
 
     async def execute(name: str, params: dict[str, Any]) -> Row:

@@ -2,9 +2,9 @@
 
 A send's outcome is queued here and the send's slot is free at once; one flusher task takes
 everything queued, writes it with at most one statement per outcome type (`mark_sent`,
-`schedule_retry`, `mark_dead`, `release_leases`), and while that statement runs the next
-batch accumulates. Under load a statement settles dozens of rows; when idle it settles one
-with no added delay.
+`schedule_retry`, `mark_dead`, `release_leases`, `mark_superseded`), and while that
+statement runs the next batch accumulates. Under load a statement settles dozens of rows;
+when idle it settles one with no added delay.
 
 Between the two, a provider that takes a few milliseconds per message (SMTP, a mail API)
 finishes its sends one by one, so each statement would settle one or two rows, and the
@@ -49,7 +49,7 @@ from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.store import settling
 from leasebox.store.claiming import ClaimedMessage, Connection, LeaseRef
-from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
+from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement, Superseded
 
 log = logging.getLogger("leasebox.worker")
 
@@ -59,7 +59,7 @@ _RETRY_MAX = 5.0
 # below what size it waits.
 LINGER_SECONDS = 0.01
 LINGER_BELOW = 32
-_A = TypeVar("_A", Sent, Retry, Dead, Release)
+_A = TypeVar("_A", Sent, Retry, Dead, Release, Superseded)
 UNSTORABLE_ERROR = "the failure's description could not be stored"
 
 
@@ -116,12 +116,21 @@ async def _write_releases(
     return dict.fromkeys(ids)
 
 
+async def _write_superseded(
+    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+) -> _Matched:
+    replaced = _actions(outcomes, Superseded)
+    ids = await settling.mark_superseded(conn, replaced, schema=schema, now=now, worker_id=me)
+    return dict.fromkeys(ids)
+
+
 # One statement per kind of outcome, written in this order.
 _WRITERS: dict[type[Settlement], _Writer] = {
     Sent: _write_sent,
     Retry: _write_retries,
     Dead: _write_dead,
     Release: _write_releases,
+    Superseded: _write_superseded,
 }
 
 
@@ -401,10 +410,18 @@ class CompletionBatcher:
     def _released(self, message: ClaimedMessage, _: Release, __: float | None) -> None:
         log.debug("lease released unsent", extra=message_fields(message))
 
+    def _superseded(self, message: ClaimedMessage, action: Superseded, _: float | None) -> None:
+        self._metrics.superseded.labels(message.kind).inc()
+        log.info(
+            "superseded by outbox id %d before it reached the wire: not sent",
+            action.newer,
+            extra={**message_fields(message), "superseded_by": action.newer},
+        )
+
     # What is counted and logged once a row's outcome is in the database, per outcome type.
     _RECORDED: dict[
         type[Settlement], Callable[[CompletionBatcher, ClaimedMessage, Any, float | None], None]
-    ] = {Retry: _retried, Dead: _dead, Release: _released}
+    ] = {Retry: _retried, Dead: _dead, Release: _released, Superseded: _superseded}
 
     def _lost(self, outcome: Outcome, what: str) -> None:
         self._metrics.kind(outcome.message.kind).lease_lost.inc()

@@ -6,12 +6,19 @@ restarting a worker does not bring a database back. `/readyz` says whether this 
 do its job right now (database reachable, provider healthy) and, when not, why, in one line
 of plain text that never holds a password; the lines after it say how the worker runs (for
 example whether secrets are encrypted), ready or not.
+
+`/metrics` is rendered off the event loop, which the sends share: on a thread of its own,
+one render at a time, and every scrape that arrives while one runs gets that render's
+answer. At most `MAX_WAITING_SCRAPES` wait for it; the others are answered 503 at once, so a
+flood of scrapes costs the worker one render at a time and never delays `/healthz`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -22,6 +29,39 @@ from leasebox.runtime.metrics import WorkerMetrics
 log = logging.getLogger("leasebox.health")
 
 ReadinessCheck = Callable[[], Awaitable[str | None]]
+# Scrapes that may wait for a render at once (Prometheus scrapes a target one at a time).
+MAX_WAITING_SCRAPES = 8
+
+
+class Exposition:
+    """The registry's text, rendered on a thread of its own, one render at a time, shared by
+    the scrapes that arrive while it runs; None for a scrape beyond `MAX_WAITING_SCRAPES`."""
+
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._metrics = metrics
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="leasebox-metrics")
+        self._render: asyncio.Future[bytes] | None = None
+        self._waiting = 0
+
+    async def text(self) -> bytes | None:
+        if self._waiting >= MAX_WAITING_SCRAPES:
+            return None
+        if self._render is None:
+            loop = asyncio.get_running_loop()
+            render = loop.run_in_executor(self._thread, self._metrics.exposition)
+            render.add_done_callback(self._rendered)
+            self._render = render
+        self._waiting += 1
+        try:
+            return await asyncio.shield(self._render)
+        finally:
+            self._waiting -= 1
+
+    def _rendered(self, _: asyncio.Future[bytes]) -> None:
+        self._render = None
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
 
 def build_app(
@@ -33,9 +73,16 @@ def build_app(
     """The three routes; `readiness()` and `liveness()` return None or a reason, and
     `details()` the lines `/readyz` adds under its verdict."""
 
+    exposition = Exposition(metrics)
+
     async def metrics_route(_: web.Request) -> web.Response:
-        body = metrics.exposition()
+        body = await exposition.text()
+        if body is None:
+            return web.Response(status=503, text="too many scrapes at once; try again\n")
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def stop_rendering(_: web.Application) -> None:
+        exposition.close()
 
     async def healthz(_: web.Request) -> web.Response:
         problem = liveness()
@@ -57,6 +104,7 @@ def build_app(
     app.router.add_get("/metrics", metrics_route)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.on_cleanup.append(stop_rendering)
     return app
 
 

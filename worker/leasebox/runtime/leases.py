@@ -38,6 +38,11 @@ class Held:
     claimed_at: float
     deadline: float
     lost: bool = False
+    handed_over: bool = False
+    """The provider passed its last check before writing the message (`Email.expired`): a
+    send cancelled from then on may have reached it."""
+    # The newer message of its replacement key, once a check before the wire found one.
+    superseded_by: int | None = None
 
     @property
     def lease(self) -> LeaseRef:

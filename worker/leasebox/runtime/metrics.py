@@ -51,6 +51,7 @@ METRIC_NAMES = (
     "leasebox_sent_total",
     "leasebox_retries_total",
     "leasebox_dead_letters_total",
+    "leasebox_superseded_total",
     "leasebox_lease_lost_total",
     "leasebox_leases_reclaimed_total",
     "leasebox_send_duration_seconds",
@@ -60,7 +61,11 @@ METRIC_NAMES = (
     "leasebox_provider_requests_total",
     "leasebox_provider_request_duration_seconds",
     "leasebox_provider_info",
+    "leasebox_not_ready",
 )
+# Why a worker may be not ready on its own account (the `cause` label of `leasebox_not_ready`):
+# its provider has not started yet, or messages have encrypted secrets and it has no keys.
+NOT_READY_CAUSES = ("provider_start", "payload_keys")
 # The `outcome` label of the provider metrics (`delivery.providers.base.Outcome`), listed here
 # so that this module needs nothing from delivery.
 PROVIDER_OUTCOMES = (
@@ -164,6 +169,13 @@ class WorkerMetrics:
             ["kind", "reason"],
             registry=r,
         )
+        self.superseded = Counter(
+            "leasebox_superseded_total",
+            "Claimed messages that a newer message of their replacement key replaced before "
+            "they reached the wire (ended superseded, not sent).",
+            ["kind"],
+            registry=r,
+        )
         self.lease_lost = Counter(
             "leasebox_lease_lost_total",
             "Settling statements that found the lease gone (another worker owns the row).",
@@ -215,6 +227,15 @@ class WorkerMetrics:
             ["provider", "idempotent"],
             registry=r,
         )
+        self.not_ready = Gauge(
+            "leasebox_not_ready",
+            "1 while the worker is not ready for this cause (its provider has not started; "
+            "messages have encrypted secrets and it has no keys), else 0.",
+            ["cause"],
+            registry=r,
+        )
+        for cause in NOT_READY_CAUSES:
+            self.not_ready.labels(cause).set(0)
         # The version and the process metrics, in this registry as in the operator's.
         build = Gauge(
             "leasebox_build_info",
@@ -247,6 +268,7 @@ class WorkerMetrics:
         """Create every per-kind series at zero before the first event."""
         for kind in kinds:
             self.kind(kind)
+            self.superseded.labels(kind)
             for reason in DeadReason:
                 self.dead_letters.labels(kind, reason)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
 from leasebox.errors import ConfigurationError
@@ -82,8 +82,49 @@ def text(value: str) -> str:
     return value
 
 
+def rate(text: str) -> float:
+    """Messages per second in `14`, `14/s`, `600/m`, `50000/d` or `100/10s`."""
+    count, _, period = text.partition("/")
+    messages = number(count)
+    seconds = duration(period if period[:1].isdigit() else f"1{period}") if period else 1.0
+    if not messages > 0 or not seconds > 0:
+        raise ValueError("a positive rate such as 14/s, 600/m or 50000/d")
+    return messages / seconds
+
+
 def kinds(value: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in value.split(",") if k.strip())
+
+
+class KindPriority(NamedTuple):
+    """A kind's priority in the claim (higher first) and its aging: after waiting this many
+    seconds from creation (its SLA) a message of it is served before higher priorities."""
+
+    kind: str
+    priority: int
+    aging_seconds: float | None = None
+
+    def __str__(self) -> str:
+        aging = "" if self.aging_seconds is None else f"/{self.aging_seconds:g}s"
+        return f"{self.kind}={self.priority}{aging}"
+
+
+def priorities(value: str) -> tuple[KindPriority, ...]:
+    """`otp=10/30s,verification=0/10m`: each kind's priority, and optionally its aging."""
+    found = []
+    for item in (i.strip() for i in value.split(",")):
+        if not item:
+            continue
+        kind, equals, rest = item.partition("=")
+        number, slash, aging = rest.partition("/")
+        if not equals or not kind.strip():
+            raise ValueError("kind=priority pairs such as otp=10,verification=0/10m")
+        try:
+            priority = int(number)
+        except ValueError:
+            raise ValueError(f"a whole number as the priority of {kind.strip()}") from None
+        found.append(KindPriority(kind.strip(), priority, duration(aging) if slash else None))
+    return tuple(found)
 
 
 def switch(value: str) -> bool:
@@ -155,7 +196,9 @@ PROVIDER = Option(
     "LEASEBOX_PROVIDER_URL",
     text,
     "",
-    "provider URL: smtp://, smtps://, http(s)://, log://, null:// (required)",
+    "provider URL (required): smtp://, smtps://, http(s)://, a mail service (ses://, "
+    "sendgrid://, postmark://, mailgun://, resend://), log://, null://, or a scheme of the "
+    "leasebox.providers entry-point group",
     Target.PROCESS,
     attribute="provider_url",
 )
@@ -172,7 +215,7 @@ TEMPLATES = Option[Path | None](
     "LEASEBOX_TEMPLATES",
     directory,
     None,
-    "directory whose templates override the built-ins",
+    "directory whose templates override the built-ins file by file, and add others",
     Target.PROCESS,
     metavar="DIR",
     attribute="templates_dir",
@@ -188,14 +231,18 @@ BATCH_SIZE = Option[int | None](
     "most rows per claim statement (default: the concurrency)",
 )
 LEASE_SECONDS = Option(
-    "lease_seconds", "LEASEBOX_LEASE_SECONDS", number, 45.0, "lease length; long sends extend it"
+    "lease_seconds",
+    "LEASEBOX_LEASE_SECONDS",
+    number,
+    45.0,
+    "lease length, seconds; a send running past half of it extends it",
 )
 POLL_INTERVAL = Option(
     "poll_interval",
     "LEASEBOX_POLL_INTERVAL",
     number,
     1.0,
-    "longest idle wait between claims, seconds",
+    "longest idle wait between claims, seconds; LISTEN/NOTIFY wakes a worker sooner",
 )
 LISTEN = Option(
     "listen",
@@ -210,7 +257,7 @@ GRACE = Option(
     "LEASEBOX_GRACE",
     number,
     30.0,
-    "seconds in-flight sends may take after SIGTERM",
+    "seconds in-flight sends may take after SIGTERM; unsent leases are released at once",
     attribute="grace_seconds",
 )
 DRAIN = Option(
@@ -239,7 +286,8 @@ METRICS_PORT = Option(
     "LEASEBOX_METRICS_PORT",
     whole_number,
     9108,
-    "port of /metrics, /healthz, /readyz; 0 = off",
+    "port of /metrics, /healthz (the event loop is alive) and /readyz (database and "
+    "provider reachable, with the reason); 0 = off",
     Target.PROCESS,
 )
 METRICS_HOST = Option(
@@ -247,7 +295,8 @@ METRICS_HOST = Option(
     "LEASEBOX_METRICS_HOST",
     text,
     "0.0.0.0",  # noqa: S104 - the pod's metrics port is meant to be scraped
-    "address the metrics server binds",
+    "address /metrics, /healthz and /readyz bind: every IPv4 interface (a pod's IP, for "
+    "Prometheus and the kubelet); 127.0.0.1 on a shared host, :: for IPv6",
     Target.PROCESS,
 )
 LOG_FORMAT = Option[str | None](
@@ -284,6 +333,43 @@ RETENTION = Option[float | None](
     metavar="DURATION",
     attribute="retention_seconds",
 )
+PRIORITIES = Option[tuple[KindPriority, ...]](
+    "priorities",
+    "LEASEBOX_PRIORITIES",
+    priorities,
+    (),
+    "kinds claimed first, and after how long a waiting message of a lower one goes ahead "
+    "anyway (its SLA): otp=10/30s,verification=0/10m; unlisted kinds are 0, aging 60s "
+    "(default: none, oldest first)",
+    metavar="KIND=N[/SLA],...",
+)
+QUOTA = Option[float | None](
+    "quota",
+    "LEASEBOX_QUOTA",
+    rate,
+    None,
+    "the provider account's send quota, shared through the database by every worker that "
+    "sends through the account: messages per period, e.g. 14/s, 600/m, 50000/d "
+    "(default: none)",
+    metavar="RATE",
+    attribute="quota_rate",
+)
+QUOTA_BURST = Option[int | None](
+    "quota_burst",
+    "LEASEBOX_QUOTA_BURST",
+    whole_number,
+    None,
+    "messages the quota lets out at once after an idle spell (default: a second's worth, "
+    "at least 1)",
+)
+QUOTA_ACCOUNT = Option[str | None](
+    "quota_account",
+    "LEASEBOX_QUOTA_ACCOUNT",
+    text,
+    None,
+    "the provider account the quota is for; workers naming the same account share it "
+    "(default: the provider URL without credentials or options)",
+)
 WORKER_ID = Option[str | None](
     "worker_id",
     "LEASEBOX_WORKER_ID",
@@ -314,6 +400,10 @@ OPTIONS: tuple[Option[Any], ...] = (
     LOG_LEVEL,
     EVENT_LOOP,
     RETENTION,
+    PRIORITIES,
+    QUOTA,
+    QUOTA_BURST,
+    QUOTA_ACCOUNT,
     WORKER_ID,
 )
 BY_NAME: Mapping[str, Option[Any]] = {option.name: option for option in OPTIONS}

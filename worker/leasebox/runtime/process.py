@@ -1,11 +1,14 @@
 """The process around a `Worker`: start-up checks, the connection pool, signals, health server.
 
 Start-up does every check that can fail because of a setting (provider URL, templates, keys,
-database reachable and migrated, provider reachable and accepting the credentials, metrics
-port free) *before* anything is claimed, and turns each failure into one `LeaseboxError`
-line: a misconfigured worker exits non-zero without touching a row, instead of crash-looping
-with rows in its hands. Failures after start-up (a database restart, a provider outage) are
-the runtime's business: it retries and `/readyz` says why.
+database reachable and migrated, metrics port free, provider accepting the credentials)
+*before* anything is claimed, and turns each failure into one `LeaseboxError` line: a
+misconfigured worker exits non-zero without touching a row, instead of crash-looping with
+rows in its hands. A provider that cannot be reached yet is not a setting to fix: the worker
+serves `/healthz`, says on `/readyz` (and in `leasebox_not_ready`) that it waits for it, and
+tries again with a growing pause, claiming nothing until it answers (a `--drain` run, a batch
+job, exits instead). Failures after start-up (a database restart, a provider outage) are the
+runtime's business: it retries and `/readyz` says why.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +33,7 @@ from leasebox.db.connections import (
     CONNECT_TIMEOUT,
     POOL_TIMEOUT,
     connection_error,
+    libpq_dsn,
 )
 from leasebox.db.migrations import expected_schema_version
 from leasebox.db.queries import query
@@ -50,6 +55,10 @@ from leasebox.runtime.settings import WorkerSettings
 from leasebox.runtime.worker import Worker
 
 log = logging.getLogger("leasebox.worker")
+# The pauses between tries to start a provider that cannot be reached, growing from the first.
+PROVIDER_RETRY_FIRST = 1.0
+PROVIDER_RETRY_MAX = 30.0
+PROVIDER_START = "provider_start"
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,9 @@ class ProcessConfig:
     """`auto`, `uvloop` or `asyncio` (`leasebox.runtime.event_loops`); `serve` runs on
     whatever loop it is given and only reports which."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dsn", libpq_dsn(self.dsn))  # SQLAlchemy's spellings too
+
 
 async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> int:
     """Run one worker process until SIGTERM (or drained); returns the exit code."""
@@ -77,8 +89,11 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
     provider = provider_from_url(config.provider_url, timeout=config.provider_timeout)
     renderer = TemplateRenderer(config.templates_dir)
     cipher = default_cipher()
-    await check_database(config.dsn, settings.schema)
-    await start_provider(provider)
+    newer = await check_database(config.dsn, settings.schema)
+    if newer:
+        log.warning(newer)
+    if settings.drain:  # a batch job: nothing to wait for
+        await start_provider(provider)
     pool = AsyncConnectionPool(
         config.dsn,
         min_size=2,
@@ -109,6 +124,8 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
             cipher=cipher,
             metrics=metrics,
         )
+        if newer:
+            worker.notes.append(newer)
         if config.metrics_port:
             health = HealthServer(
                 build_app(worker.metrics, worker.readiness_problem, details=worker.status_lines),
@@ -120,7 +137,8 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.request_stop)
         try:
-            await worker.run()
+            if settings.drain or await wait_for_provider(provider, worker):
+                await worker.run()
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
@@ -148,8 +166,9 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
-async def check_database(dsn: str, schema: str) -> None:
-    """Connect once and check the schema: `DatabaseUnavailable` or `NotMigrated` if not."""
+async def check_database(dsn: str, schema: str) -> str | None:
+    """Connect once and check the schema: `DatabaseUnavailable` or `NotMigrated` if not; what
+    to say about a schema newer than this worker (None when it is the same)."""
     try:
         conn = await psycopg.AsyncConnection.connect(
             dsn,
@@ -176,6 +195,14 @@ async def check_database(dsn: str, schema: str) -> None:
     applied, needed = int(found[0] if found else 0), expected_schema_version()
     if applied < needed:  # claiming on an older schema could miss columns this image writes
         raise NotMigrated(schema, f"it is at version {applied}, this image needs {needed}")
+    if applied > needed:
+        # A newer release migrated it (a rollout under way, or this worker left behind): it
+        # runs on, since migrations add what older workers ignore, and says so.
+        return (
+            f"schema {schema!r} is at version {applied}, newer than this worker's {needed}: "
+            "a newer release migrated it; upgrade this worker to that release"
+        )
+    return None
 
 
 async def start_provider(provider: Provider) -> None:
@@ -185,6 +212,38 @@ async def start_provider(provider: Provider) -> None:
     except ProviderError as exc:
         await provider.close()
         raise ProviderUnavailable(f"cannot start the {provider.name} provider: {exc}") from None
+
+
+async def wait_for_provider(provider: Provider, worker: Worker) -> bool:
+    """Start `provider`, trying again with a growing pause while it cannot be reached, the
+    worker not ready meanwhile; False if a stop came first. A provider that refuses the
+    worker's settings (credentials, TLS) is `ProviderUnavailable` at once: no retry fixes it."""
+    pause = PROVIDER_RETRY_FIRST
+    tries = 0
+    while True:
+        try:
+            await provider.start()
+        except ProviderError as exc:
+            await provider.close()
+            reason = f"cannot start the {provider.name} provider: {exc}"
+            if not exc.transient:
+                raise ProviderUnavailable(reason) from None
+            tries += 1
+            if tries == 1 or tries % 10 == 0:
+                log.warning(
+                    "waiting for the provider: %s; trying again, claiming nothing meanwhile",
+                    reason,
+                    extra={"error_class": exc.code, "attempt": tries},
+                )
+            worker.block(PROVIDER_START, f"provider: {reason} (trying again)")
+            if await worker.until_stopped(pause * (0.5 + random.random() / 2)):
+                return False
+            pause = min(pause * 2, PROVIDER_RETRY_MAX)
+            continue
+        if tries:
+            log.info("the provider answers: starting to claim", extra={"attempt": tries + 1})
+        worker.unblock(PROVIDER_START)
+        return True
 
 
 async def _open_pool(pool: AsyncConnectionPool[Any], dsn: str) -> None:

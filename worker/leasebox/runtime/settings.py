@@ -8,6 +8,7 @@ claims anything.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -19,6 +20,12 @@ from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, KIND_PATTERN
 from leasebox.runtime import options
 
 MAX_RETENTION_SECONDS = 36500 * 86400.0
+# A kind's aging when its priority gives none: the default SLA of a pool.
+DEFAULT_AGING_SECONDS = 60.0
+# Of every claim's rows, this share at most may go to messages past their kind's aging ahead
+# of higher priorities: enough that an aged message is served within a few claims, little
+# enough that an urgent kind keeps three quarters of the throughput.
+AGED_SHARE = 0.25
 
 
 def default_worker_id() -> str:
@@ -47,6 +54,16 @@ class WorkerSettings:
         and expired receipts older than this, hourly (`leasebox.store.pruning`); at least
         the receipt TTL, so that a retried request never outlives its send. None keeps
         everything.
+    priorities: each kind's priority in the claim (higher first; unlisted kinds 0) and
+        aging (`aging_of`): a message that has waited that long since its creation goes
+        ahead of higher priorities, within a share of each claim (`AGED_SHARE`), so that
+        no kind starves.
+    quota_rate: the provider account's send quota in messages a second, shared through the
+        database by every worker naming the same `quota_account` (`runtime.quota`); None
+        sends as fast as the provider takes it.
+    quota_burst: tokens of credit the quota keeps at most (None: a second's worth).
+    quota_account: the provider account the quota is for (the command defaults it to the
+        provider URL without credentials or options).
     worker_id: recorded in `leased_by`, and in every log line.
     """
 
@@ -63,6 +80,10 @@ class WorkerSettings:
     backoff_base: float = options.BACKOFF_BASE.default
     backoff_max: float = options.BACKOFF_MAX.default
     retention_seconds: float | None = options.RETENTION.default
+    priorities: tuple[options.KindPriority, ...] = options.PRIORITIES.default
+    quota_rate: float | None = options.QUOTA.default
+    quota_burst: int | None = options.QUOTA_BURST.default
+    quota_account: str | None = options.QUOTA_ACCOUNT.default
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:
@@ -87,6 +108,26 @@ class WorkerSettings:
             raise ConfigurationError("the backoff maximum must be at least the backoff base")
         if self.retention_seconds is not None:
             _retention(self.retention_seconds)
+        named = [p.kind for p in self.priorities]
+        strange = [k for k in named if k not in self.kinds]
+        if strange:
+            raise ConfigurationError(
+                f"a priority names kind {strange[0]!r}, which this worker does not claim"
+            )
+        if len(set(named)) != len(named):
+            raise ConfigurationError("the priorities name a kind twice")
+        for entry in self.priorities:
+            if entry.aging_seconds is not None:
+                _positive(f"aging of {entry.kind}", entry.aging_seconds)
+        if self.quota_rate is None:
+            if self.quota_burst is not None or self.quota_account is not None:
+                raise ConfigurationError("a quota burst or account needs a quota rate")
+        else:
+            _positive("quota", self.quota_rate)
+            if self.quota_burst is not None:
+                _at_least("quota burst", self.quota_burst, 1)
+            if not self.quota_account or len(self.quota_account) > 200:
+                raise ConfigurationError("the quota account must have 1 to 200 characters")
         if not self.worker_id or len(self.worker_id) > 200:
             raise ConfigurationError("the worker id must have 1 to 200 characters")
 
@@ -98,6 +139,25 @@ class WorkerSettings:
         of them is held beyond this, so a worker holds at most `capacity + batch_size` rows.
         """
         return self.concurrency + self.batch_size
+
+    @property
+    def priority_of(self) -> dict[str, int]:
+        """Each claimed kind's priority (0 unless given)."""
+        given = {p.kind: p.priority for p in self.priorities}
+        return {kind: given.get(kind, 0) for kind in self.kinds}
+
+    @property
+    def aging_of(self) -> dict[str, float]:
+        """Each claimed kind's aging in seconds (`DEFAULT_AGING_SECONDS` unless given)."""
+        given = {p.kind: p.aging_seconds for p in self.priorities}
+        return {kind: given.get(kind) or DEFAULT_AGING_SECONDS for kind in self.kinds}
+
+    @property
+    def burst(self) -> int:
+        """The quota's burst, with its default (a second's worth of tokens, at least 1)."""
+        if self.quota_burst is not None:
+            return self.quota_burst
+        return max(1, math.ceil(self.quota_rate or 1.0))
 
     @property
     def extend_interval(self) -> float:

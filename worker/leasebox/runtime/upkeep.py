@@ -27,7 +27,7 @@ from leasebox.errors import LeaseboxError
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason, Status
-from leasebox.store import sweeps
+from leasebox.store import quotas, sweeps
 from leasebox.store.pruning import PruneResult, prune
 
 log = logging.getLogger("leasebox.worker")
@@ -80,11 +80,17 @@ async def sweep(
             return touched
 
 
-async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
-    """Set `wake` whenever rows are inserted into `schema`'s outbox; reconnects forever.
+async def listen_for_rows(
+    dsn: str,
+    schema: str,
+    wake: asyncio.Event,
+    quota_paused: Callable[[str, float], None] | None = None,
+) -> None:
+    """Set `wake` whenever rows are inserted into `schema`'s outbox, and tell `quota_paused`
+    (account, until) of a provider account's pause; reconnects forever.
 
     The trigger notifies once per INSERT statement with the schema as payload, so one
-    channel serves every schema on the server.
+    channel serves every schema on the server; a pause says `<schema>:quota:...`.
     """
     failures = 0
     while True:
@@ -99,6 +105,10 @@ async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
                 async for notify in conn.notifies():
                     if notify.payload == schema:
                         wake.set()
+                    elif quota_paused is not None:
+                        paused = quotas.pause_notice(notify.payload, schema)
+                        if paused is not None:
+                            quota_paused(*paused)
         except (psycopg.Error, OSError) as exc:
             failures += 1
             if failures == 1:
@@ -111,12 +121,15 @@ async def listen_for_rows(dsn: str, schema: str, wake: asyncio.Event) -> None:
 
 def maintain_days(dsn: str, schema: str, retention_seconds: float | None) -> PruneResult | None:
     """Create the partitions of the coming days and, given a retention, drop the days past
-    it (what `leasebox prune` does); what retention dropped, or None without one."""
+    it (what `leasebox prune` does); what retention dropped, or None without one.
+
+    A partition that cannot be made does not stop retention: the result's `problem` says
+    what was not made (without a retention, `PartitionsIncomplete` does)."""
     with connect(dsn, autocommit=True) as conn:
-        created = ensure_partitions(conn, schema)
-        if created:
-            log.info("created %d partitions for the coming days", len(created))
         if retention_seconds is None:
+            created = ensure_partitions(conn, schema)
+            if created:
+                log.info("created %d partitions for the coming days", len(created))
             return None
         return prune(conn, retention_seconds=retention_seconds, schema=schema)
 
@@ -153,5 +166,9 @@ async def keep_days(dsn: str, schema: str, retention_seconds: float | None = Non
                 pruned.receipts,
                 pruned.kept,
             )
+        if pruned is not None and pruned.problem:
+            log.warning("retention ran, but %s", pruned.problem)
+            await asyncio.sleep(PARTITION_RETRY)
+            continue
         failures = 0
         await asyncio.sleep(PARTITION_INTERVAL)

@@ -43,17 +43,20 @@ from leasebox.delivery.providers.base import (
     new_email,
     reads_content,
 )
+from leasebox.delivery.providers.base import Outcome as RequestOutcome
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
+    AMBIGUOUS_CODE,
     EXPIRED_CODE,
     MISSING_MESSAGE_CODE,
+    TIMEOUT_CODE,
     Failure,
     classify,
     retry_delay,
     should_retry,
 )
-from leasebox.errors import PERMANENT
-from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
+from leasebox.errors import PERMANENT, TRANSIENT, AmbiguousProviderError, MissingPayloadKeys
+from leasebox.producer.payload_crypto import KEYS_VARIABLE, PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
 from leasebox.runtime.completion import CompletionBatcher, Outcome
 from leasebox.runtime.dispatching import ReadyRows
@@ -61,15 +64,18 @@ from leasebox.runtime.event_loops import running_loop_name
 from leasebox.runtime.leases import Held
 from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
-from leasebox.runtime.settings import WorkerSettings
+from leasebox.runtime.quota import QuotaGate
+from leasebox.runtime.settings import AGED_SHARE, WorkerSettings
 from leasebox.states import DeadReason
 from leasebox.store import claiming
 from leasebox.store.claiming import ClaimedMessage, Cursor
-from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement
+from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement, Superseded
 
 log = logging.getLogger("leasebox.worker")
 
 _DB_RETRY_MAX = 5.0
+# The `leasebox_not_ready` cause of a worker that met encrypted secrets without keys.
+KEYS = "payload_keys"
 _KIND = attrgetter("kind")
 # A claim that reads on from a cursor misses a row committed late by a transaction that began
 # before the rows the cursor passed, so now and then one reads from the start: after this many
@@ -84,6 +90,19 @@ RESCAN_SECONDS = 1.0
 _NO_CONTENT = RenderedEmail(subject="", text="", html=None)
 _MISSING_MESSAGE = Failure(
     PERMANENT, MISSING_MESSAGE_CODE, "its message is missing from the outbox: nothing to send"
+)
+# A send cancelled by a stop after the provider's last check before writing the message.
+_CUT_SHORT = classify(
+    AmbiguousProviderError(
+        "the send was cut short by a stop after the message was handed to the provider: it "
+        "may have been accepted"
+    )
+)
+_THROTTLED = RequestOutcome.THROTTLED.value
+_UNCHECKED = Failure(
+    TRANSIENT,
+    "supersession_check",
+    "could not check for a newer message of its replacement key: not sent",
 )
 
 
@@ -135,6 +154,12 @@ class Worker:
         self._cursors: dict[str, Cursor] = {}
         self._cursor_claims = 0
         self._read_from_start_at = -math.inf
+        # Kinds' priorities in the claim, and the rows of claims owed to messages past their
+        # kind's aging (a share of every claim; see `AGED_SHARE`).
+        self._priority = settings.priority_of
+        self._aging = settings.aging_of
+        self._prioritised = any(self._priority.values())
+        self._aged_credit = 0.0
         # Held rows whose outcome the batcher has and has not written yet.
         self._settling = 0
         self._ready: ReadyRows[Held] = ReadyRows()
@@ -157,7 +182,22 @@ class Worker:
             worker_id=settings.worker_id,
             in_flight=lambda: self.metrics.sending,
         )
+        self.quota: QuotaGate | None = None
+        if settings.quota_rate is not None and settings.quota_account is not None:
+            self.quota = QuotaGate(
+                pool,
+                account=settings.quota_account,
+                rate=settings.quota_rate,
+                burst=settings.burst,
+                schema=settings.schema,
+                clock=clock,
+                on_room=self._room.set,
+            )
         self.database_problem: str | None = None
+        # Why the worker cannot do its job on its own account, by cause (`NOT_READY_CAUSES`):
+        # `/readyz` says so and `leasebox_not_ready` shows it.
+        self._blocked: dict[str, str] = {}
+        self.notes: list[str] = []
         self.failed = False
         # How often the claim and the lease check have run: the positive signal that the
         # worker looked (at the clock, at its leases), for tests and for debugging.
@@ -183,8 +223,9 @@ class Worker:
         return self._cipher.mode
 
     def status_lines(self) -> list[str]:
-        """What `/readyz` says under its verdict: how this worker runs."""
-        return [f"secrets: {self.secrets_mode}"]
+        """What `/readyz` says under its verdict: how this worker runs, and `notes` (a schema
+        newer than this worker, say)."""
+        return [f"secrets: {self.secrets_mode}", *self.notes]
 
     @property
     def completions(self) -> CompletionBatcher:
@@ -196,8 +237,25 @@ class Worker:
         """Rows claimed and not yet settled."""
         return len(self._held)
 
+    def block(self, cause: str, reason: str) -> None:
+        """Not ready for `cause` (one of `NOT_READY_CAUSES`) until `unblock(cause)`."""
+        self._blocked[cause] = reason
+        self.metrics.not_ready.labels(cause).set(1)
+
+    def unblock(self, cause: str) -> None:
+        self._blocked.pop(cause, None)
+        self.metrics.not_ready.labels(cause).set(0)
+
+    async def until_stopped(self, seconds: float) -> bool:
+        """Wait `seconds` or until a stop is requested; whether one was."""
+        await self._until(self._stop, seconds)
+        return self._stop.is_set()
+
     async def readiness_problem(self) -> str | None:
-        """None when the database answers and the provider is healthy, else why not."""
+        """None when the worker can work, the database answers and the provider is healthy,
+        else why not."""
+        if self._blocked:
+            return "; ".join(self._blocked.values())
         try:
             async with asyncio.timeout(3.0), self._pool.connection() as conn:
                 await conn.execute("SELECT 1")
@@ -241,6 +299,13 @@ class Worker:
             helpers.append(self._spawn(days, "partitions"))
         if s.listen and self._dsn:
             helpers.append(self._spawn(self._listener(self._dsn), "listener"))
+        if self.quota is not None:
+            log.info(
+                "sending under a quota of %g/s (burst %d) shared by account %s",
+                self.quota.rate,
+                self.quota.burst,
+                self.quota.account,
+            )
         try:
             await self._claim_loop()
         finally:
@@ -290,6 +355,8 @@ class Worker:
         for task in helpers:
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
+        if self.quota is not None:
+            await self.quota.close()
         if self._completions.pending:
             log.info(
                 "recording %d outcomes before exiting",
@@ -310,12 +377,24 @@ class Worker:
         # While a backlog lasts, claim at least half a batch at a time: a claim costs a round
         # trip and a statement, and claiming whatever a few settled rows freed would pay that
         # for a handful of rows. Half a batch still leaves the senders a full queue.
-        least = max(1, s.batch_size // 2)
+        reserved = s.batch_size if self.quota is None else min(s.batch_size, self.quota.batch)
+        least = max(1, reserved // 2)
         while not self._stop.is_set():
+            if KEYS in self._blocked:
+                # Every message with encrypted secrets would be given back: claim nothing.
+                if s.drain:
+                    self.failed = True
+                    return
+                await self._until(self._stop, None)
+                continue
             # Rows whose outcome is known wait only for its statement: they hold no send slot,
             # so the next batch is claimed while the last one is settled, up to a batch more.
             held = len(self._held)
             room = min(s.capacity - held + self._settling, s.capacity + s.batch_size - held)
+            if self.quota is not None:
+                # Under a quota, claim no more than the tokens a reservation brings: the
+                # rest waits in the queue, where a more urgent message can pass it.
+                room = min(room, self.quota.room() - len(self._ready))
             if room <= 0 or (backlog and room < least and self._held):
                 self._room.clear()
                 await self._until(self._room, None)
@@ -369,6 +448,11 @@ class Worker:
         after = None if rescan else self._cursors
         if not after:
             self._read_from_start_at = started
+        aged_limit = 0
+        if self._prioritised:
+            self._aged_credit = min(limit, self._aged_credit + limit * AGED_SHARE)
+            aged_limit = int(self._aged_credit)
+            self._aged_credit -= aged_limit
         async with asyncio.timeout(STATEMENT_TIMEOUT), self._pool.connection() as conn:
             rows = await claiming.claim(
                 conn,
@@ -380,9 +464,15 @@ class Worker:
                 now=self._clock(),
                 content=self._reads_content,
                 after=after,
+                priorities=self._priority,
+                aging=self._aging,
+                aged_limit=aged_limit,
             )
         self.rounds["claim"] += 1
         self._move_cursors(rows, full=len(rows) == limit, rescanned=after is None)
+        if self._prioritised:
+            # Senders take the urgent kinds first (a stable sort keeps each kind's order).
+            rows.sort(key=lambda message: -self._priority[message.kind])
         deadline = started + s.lease_seconds
         if rows:
             helds = [Held(message, started, deadline) for message in rows]
@@ -468,8 +558,15 @@ class Worker:
             return
         try:
             email = self._prepare(held)
+        except MissingPayloadKeys:
+            self._keys_missing(held)
+            return
         except Exception as exc:
             self._failed(held, classify(exc))
+            return
+        if self.quota is not None and not await self._quota_token(held, self.quota):
+            return
+        if message.replacement_key is not None and await self._replaced(held):
             return
         metrics = self.metrics
         metrics.sending += 1
@@ -477,8 +574,16 @@ class Worker:
         try:
             outcome = await send_once(self._provider, email)
         except asyncio.CancelledError:
-            metrics.record_send(message.kind, self._provider_name, None, time.monotonic() - started)
-            self._outcome(held, Release(held.lease))
+            # Cut short by a stop. Before the provider's last check nothing went out: the
+            # attempt is given back. From then on the message may have reached the provider,
+            # as when a connection is lost before the answer: the attempt counts.
+            elapsed = time.monotonic() - started
+            if held.handed_over:
+                metrics.record_send(message.kind, self._provider_name, _CUT_SHORT.outcome, elapsed)
+                self._failed(held, _CUT_SHORT)
+            else:
+                metrics.record_send(message.kind, self._provider_name, None, elapsed)
+                self._outcome(held, Release(held.lease))
             raise
         finally:
             metrics.sending -= 1
@@ -489,16 +594,93 @@ class Worker:
                 log.warning("accepted, but %s", warning, extra=message_fields(message))
             self._outcome(held, Sent(held.lease, outcome.provider_message_id))
             return
-        # A send refused as expired before it reached the wire made no provider request.
-        made = None if outcome.code == EXPIRED_CODE else outcome.outcome
+        # A send stopped as expired or superseded before it reached the wire made no request.
+        replaced = held.superseded_by
+        made = None if outcome.code == EXPIRED_CODE or replaced is not None else outcome.outcome
         metrics.record_send(message.kind, self._provider_name, made, elapsed)
+        if self.quota is not None and outcome.outcome == _THROTTLED:
+            pause = outcome.retry_after or retry_delay(
+                outcome, 1, base=self.settings.backoff_base, cap=self.settings.backoff_max
+            )
+            self.quota.pause(pause)
+        if replaced is not None:
+            self._outcome(held, Superseded(held.lease, replaced))
+            return
         self._failed(held, outcome)
+
+    def _keys_missing(self, held: Held) -> None:
+        """A message with encrypted secrets and no keys to open them: the worker's fault, not
+        the message's. It is given back with its attempt, and the worker claims no more."""
+        if KEYS not in self._blocked:
+            log.error(
+                "messages have encrypted secrets and %s is not set: giving them back and "
+                "claiming nothing until the worker is restarted with the keys",
+                KEYS_VARIABLE,
+                extra=message_fields(held.message),
+            )
+            self.block(
+                KEYS,
+                f"payload keys: messages have encrypted secrets and {KEYS_VARIABLE} is not "
+                "set; claiming nothing until the worker is restarted with the keys",
+            )
+        self._outcome(held, Release(held.lease))
+
+    async def _quota_token(self, held: Held, quota: QuotaGate) -> bool:
+        """Wait for a token of the account's quota; False when the row was settled instead:
+        released (the tokens could not be reserved) or dead-lettered `expired` (its token
+        would come only after its expiry, so it does not wait for it)."""
+        try:
+            allowed = await quota.take(held.message.expires_at)
+        except (*DATABASE_ERRORS, TimeoutError) as exc:
+            self._database_failed("quota reservation", exc, 1)
+            self._outcome(held, Release(held.lease))
+            return False
+        if not allowed or self._expired(held):
+            reason = "its quota token would come only after its expiry: not sent"
+            self._outcome(held, Dead(held.lease, DeadReason.EXPIRED, reason, "expired"))
+            return False
+        return True
+
+    async def _replaced(self, held: Held) -> bool:
+        """Whether the held message was settled unsent because a newer message of its key
+        replaced it (or that could not be checked): the worker's own check before it hands
+        the message to the provider, which checks again after its own waits."""
+        try:
+            newer = await self._newer(held)
+        except DATABASE_ERRORS:
+            self._failed(held, _UNCHECKED)
+            return True
+        if newer is None:
+            return False
+        self._outcome(held, Superseded(held.lease, newer))
+        return True
+
+    async def _newer(self, held: Held) -> int | None:
+        """The newer message of the held message's replacement key, if one has been
+        committed (as the database says now); remembered on the held row."""
+        async with asyncio.timeout(STATEMENT_TIMEOUT), self._pool.connection() as conn:
+            schema = self.settings.schema
+            newer = await claiming.newer_replacement(conn, held.message, schema=schema)
+        if newer is not None:
+            held.superseded_by = newer
+        return newer
+
+    async def _superseded(self, held: Held) -> bool:
+        """The provider's check right before the wire (`Email.superseded`)."""
+        return await self._newer(held) is not None
 
     def _expired(self, held: Held) -> bool:
         """Whether the row's `expires_at` has passed, on the database's clock: checked before
         the send, and by the provider after every wait, right before the message goes out."""
         expires_at = held.message.expires_at
         return expires_at is not None and expires_at <= self._db_now(held)
+
+    def _provider_check(self, held: Held) -> bool:
+        """`_expired` as the provider asks it, right before it writes the message: once it
+        passes, the message may be on its way (`Held.handed_over`)."""
+        expired = self._expired(held)
+        held.handed_over = not expired
+        return expired
 
     def _prepare(self, held: Held) -> Email:
         message = held.message
@@ -517,7 +699,8 @@ class Worker:
             rendered.text,
             rendered.html,
             message.attempts,
-            lambda: self._expired(held),
+            lambda: self._provider_check(held),
+            None if message.replacement_key is None else lambda: self._superseded(held),
         )
 
     def _db_now(self, held: Held) -> datetime:
@@ -542,6 +725,10 @@ class Worker:
                 rng=self._rng,
             )
             action = Retry(held.lease, delay, failure.detail, failure.code)
+        elif failure.code == AMBIGUOUS_CODE or (failure.code == TIMEOUT_CODE and held.handed_over):
+            # The last attempt may have reached the provider: the reason says so.
+            detail = f"ambiguous, possibly delivered: {failure.detail}"
+            action = Dead(held.lease, DeadReason.POSSIBLY_DELIVERED, detail, failure.code)
         elif failure.transient:
             action = Dead(held.lease, DeadReason.ATTEMPTS_EXHAUSTED, failure.detail, failure.code)
         else:
@@ -576,4 +763,5 @@ class Worker:
         return touched
 
     async def _listener(self, dsn: str) -> None:
-        await upkeep.listen_for_rows(dsn, self.settings.schema, self._wake)
+        notice = None if self.quota is None else self.quota.notice
+        await upkeep.listen_for_rows(dsn, self.settings.schema, self._wake, notice)

@@ -15,6 +15,14 @@ demand. Per-worker throughput is measured only while workers are busy, because
 measured over idle time it merely echoes the arrival rate. It scales up at once,
 scales down only to the highest recommendation inside the stabilisation window,
 and activates a pool at zero on any ready backlog.
+
+A provider quota (`quota_per_second`: the account's send rate, which the workers share
+through the database) changes two things. The pool is never scaled beyond the workers the
+quota keeps busy (`ceil(quota / per-worker throughput)`): more would only wait for tokens.
+And when messages arrive faster than the quota, no number of workers meets the SLA, so the
+decision says when the backlog will pass it (`QuotaOutlook`) instead of adding pods. A
+throughput sample taken while the pool sends at its quota measures the quota, not the
+workers, and is not taken.
 """
 
 from __future__ import annotations
@@ -22,7 +30,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Decision", "Demand", "Observation", "PolicyState", "ScalingSpec", "decide", "demand"]
+from leasebox.scaling.quota import AT_QUOTA, QuotaOutlook, quota_outlook
+
+__all__ = [
+    "Decision",
+    "Demand",
+    "Observation",
+    "PolicyState",
+    "ScalingSpec",
+    "decide",
+    "demand",
+]
 
 
 def _require(condition: bool, message: str) -> None:
@@ -67,6 +85,9 @@ class ScalingSpec:
             at least this fraction of `initial_worker_throughput`. Workers that
             barely send (a provider outage) are not helped by more workers, and
             dividing by a near-zero rate would send every pool to its maximum.
+        quota_per_second: the provider account's send quota, shared by the pool's
+            workers (None: no quota). The pool gets no more workers than the quota keeps
+            busy, and a decision says when arrivals above it will breach the SLA.
     """
 
     min_replicas: int = 0
@@ -83,6 +104,7 @@ class ScalingSpec:
     throughput_smoothing: float = 0.3
     rate_window_seconds: float | None = None
     min_throughput_fraction: float = 0.1
+    quota_per_second: float | None = None
 
     def __post_init__(self) -> None:
         _require(self.min_replicas >= 0, f"min_replicas must be >= 0, got {self.min_replicas}")
@@ -125,6 +147,12 @@ class ScalingSpec:
                 self.drain_horizon_seconds > floor,
                 f"drain_horizon_seconds ({self.drain_horizon_seconds}) must exceed start-up "
                 f"plus one poll ({floor}), or starting pods are ordered again every poll",
+            )
+        if self.quota_per_second is not None:
+            _finite("quota_per_second", self.quota_per_second)
+            _require(
+                self.quota_per_second > 0,
+                f"quota_per_second must be > 0, got {self.quota_per_second}",
             )
         if self.rate_window_seconds is not None:
             _finite("rate_window_seconds", self.rate_window_seconds)
@@ -240,21 +268,27 @@ class Decision:
         reason: one sentence naming direction, old→new, the figures and the term.
         limited: the recommendation was clipped by min/max replicas or a step limit.
         state: the history to pass to the next call.
+        quota: what the quota means for the SLA (None: the pool has no quota).
     """
 
     replicas: int
     reason: str
     limited: bool
     state: PolicyState = field(repr=False)
+    quota: QuotaOutlook | None = None
 
 
 def _measure(observation: Observation, spec: ScalingSpec, state: PolicyState) -> float | None:
-    """Fold a per-worker throughput sample into the average, only when workers were busy."""
+    """Fold a per-worker throughput sample into the average, only when workers were busy
+    (sending as fast as they could, not waiting for the quota's tokens)."""
     busy = (
         observation.ready > 0
         and observation.ready_replicas > 0
         and observation.oldest_ready_age_seconds >= spec.rate_window
     )
+    quota = spec.quota_per_second
+    if quota is not None and observation.sent_per_second >= AT_QUOTA * quota:
+        busy = False
     if not busy:
         return state.worker_throughput
     sample = observation.sent_per_second / observation.ready_replicas
@@ -305,14 +339,29 @@ def decide(observation: Observation, spec: ScalingSpec, state: PolicyState) -> D
     current = observation.replicas
     throughput = _measure(observation, spec, state)
     floor = spec.min_throughput_fraction * spec.initial_worker_throughput
-    wanted = demand(observation, spec, max(floor, throughput or spec.initial_worker_throughput))
-    recommendation = _clip(wanted.workers, spec.min_replicas, spec.max_replicas)
+    per_worker = max(floor, throughput or spec.initial_worker_throughput)
+    wanted = demand(observation, spec, per_worker)
+    outlook = quota_outlook(
+        spec.quota_per_second,
+        arrival=observation.arrival_per_second,
+        ready=observation.ready,
+        oldest_pending_age=observation.oldest_pending_age_seconds,
+        sla_seconds=spec.sla_seconds,
+        worker_throughput=per_worker,
+    )
+    busy = wanted.workers if outlook is None else min(wanted.workers, outlook.workers)
+    recommendation = _clip(busy, spec.min_replicas, spec.max_replicas)
     limited = recommendation != wanted.workers
     notes: list[str] = []
-    if recommendation < wanted.workers:
+    if recommendation < busy:
         notes.append(f"capped at max replicas {spec.max_replicas}")
-    elif recommendation > wanted.workers:
+    elif recommendation > busy:
         notes.append(f"raised to min replicas {spec.min_replicas}")
+    if outlook is not None and busy < wanted.workers:
+        notes.append(
+            f"capped at the {outlook.workers} workers the quota of "
+            f"{outlook.quota_per_second:g}/s keeps busy"
+        )
 
     window = spec.scale_down_stabilization_seconds
     kept = [(at, count) for at, count in state.recommendations if now - window < at <= now]
@@ -355,4 +404,6 @@ def decide(observation: Observation, spec: ScalingSpec, state: PolicyState) -> D
         worker_throughput=throughput,
         last_scale_at=now if target != current else state.last_scale_at,
     )
-    return Decision(replicas=target, reason=reason, limited=limited, state=next_state)
+    return Decision(
+        replicas=target, reason=reason, limited=limited, state=next_state, quota=outlook
+    )

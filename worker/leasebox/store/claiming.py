@@ -1,7 +1,8 @@
 """Claiming rows under a lease, and keeping the lease while a send runs.
 
 A claim is one statement on an autocommit connection: it picks ready rows of the worker's
-kinds from the queue (`FOR UPDATE SKIP LOCKED`, oldest availability first), marks them
+kinds from the queue (`FOR UPDATE SKIP LOCKED`, oldest availability first, or the kinds of a
+higher priority first, with a share for rows past their kind's SLA), marks them
 `processing` with a fresh lease token and counts the attempt, and commits before the caller
 sends anything, so no lock outlives the statement. The token is what every later statement
 about the row must match (`settling`), so a worker that lost its lease can no longer touch
@@ -26,6 +27,8 @@ import psycopg
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
 
 Connection = psycopg.AsyncConnection[Any]
+# The aging of a kind that has none: a hundred years, longer than any message waits.
+NEVER_AGED = 100 * 365 * 86400.0
 
 
 class ClaimedMessage(NamedTuple):
@@ -55,6 +58,8 @@ class ClaimedMessage(NamedTuple):
     claimed_at: datetime
     # Where the row stood in the ready index: a worker's cursor for its next claim.
     available_at: datetime
+    # Messages of one replacement key replace one another (None: nothing replaces this one).
+    replacement_key: str | None = None
 
     @property
     def lease(self) -> LeaseRef:
@@ -68,7 +73,7 @@ class ClaimedMessage(NamedTuple):
             f"max_attempts={self.max_attempts!r}, expires_at={self.expires_at!r}, "
             f"lease_token={self.lease_token!r}, lease_expires_at={self.lease_expires_at!r}, "
             f"created_at={self.created_at!r}, claimed_at={self.claimed_at!r}, "
-            f"available_at={self.available_at!r})"
+            f"available_at={self.available_at!r}, replacement_key={self.replacement_key!r})"
         )
 
 
@@ -131,9 +136,18 @@ async def claim(
     now: datetime | None = None,
     content: bool = True,
     after: Mapping[str, Cursor] | None = None,
+    priorities: Mapping[str, int] | None = None,
+    aging: Mapping[str, float] | None = None,
+    aged_limit: int = 0,
 ) -> list[ClaimedMessage]:
     """Lease up to `limit` ready rows of `kinds`, oldest availability first, with their
-    content unless `content` is False; a kind in `after` is read from past its cursor on."""
+    content unless `content` is False; a kind in `after` is read from past its cursor on.
+
+    Kinds of a higher `priorities` value (0 when not given) are taken first, except that up
+    to `aged_limit` rows that have waited, since their creation, longer than their kind's
+    `aging` seconds go before them all (the caller gives that share to keep lower priorities
+    from starving). The rows come back in the order of the ready index, whatever was chosen.
+    """
     if limit <= 0:
         return []
     cursors = [(after or {}).get(kind) for kind in kinds]
@@ -141,6 +155,9 @@ async def claim(
         "kinds": list(kinds),
         "after_at": [c.available_at if c else None for c in cursors],
         "after_id": [c.id if c else None for c in cursors],
+        "priorities": [(priorities or {}).get(kind, 0) for kind in kinds],
+        "aging": [(aging or {}).get(kind, NEVER_AGED) for kind in kinds],
+        "aged_limit": aged_limit,
         "limit": limit,
         "lease_seconds": lease_seconds,
         "worker_id": worker_id,
@@ -168,3 +185,22 @@ async def extend_leases(
     async with conn.cursor() as cur:
         await cur.execute(query_bytes("extend_leases", schema), params)
         return {int(outbox_id): expiry async for outbox_id, expiry in cur}
+
+
+async def newer_replacement(
+    conn: Connection, message: ClaimedMessage, *, schema: str = DEFAULT_SCHEMA
+) -> int | None:
+    """The id of the newest committed message of `message`'s replacement key newer than it,
+    or None: asked right before the message is written to the wire (one index probe per day
+    partition since the message's own)."""
+    if message.replacement_key is None:
+        return None
+    params = {
+        "replacement_key": message.replacement_key,
+        "id": message.id,
+        "created_at": message.created_at,
+    }
+    async with conn.cursor() as cur:
+        await cur.execute(query_bytes("newer_replacement", schema), params)
+        row = await cur.fetchone()
+    return None if row is None else int(row[0])

@@ -98,6 +98,8 @@ class TracedRow:
     lease_expires_at: datetime | None
     dead_reason: str | None
     provider_message_id: str | None
+    replacement_key: str | None = None
+    superseded_by: int | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class HistoryEvent:
     error: str | None
     dead_reason: str | None
     provider_message_id: str | None
+    superseded_by: int | None = None
 
 
 @dataclass(frozen=True)

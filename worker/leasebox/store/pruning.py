@@ -10,11 +10,15 @@ expired).
 
 Some messages of an old day are still wanted: those not sent yet or dead (still in the
 queue), and those a live receipt names (a retried request must still map onto its send).
-They are moved to today's partition first, with their history, in the same transaction as
-the drop, which holds the tables whose partitions it drops (so no request can name one of
-their messages meanwhile). Rows of days that never had a partition wait in a default
-partition: the partition maintenance that runs first gives each such day its partition, so
-they go too.
+They move first, with their history, to the kept partition (`KEPT_DAY`), which retention
+never drops: in batches of their own that take row locks only, so that producers and workers
+go on writing however many there are, and once, so that the next retention leaves them
+where they are. Then the drop locks the tables (in the producers' order, in short tries) and
+moves, under the lock, only what became wanted meanwhile (a request that named an old
+message by its delivery key). A kept message leaves once nothing wants it any more and
+nothing happened to it for a retention. Rows of days that never had a partition wait in a
+default partition: the partition maintenance that runs first gives each such day its
+partition, so they go too.
 
 A retention shorter than the producers' receipt TTL is refused unless the caller says it
 knows: a request retried after its message was dropped is a new request, and sends again.
@@ -22,21 +26,23 @@ knows: a request retried after its message was dropped is a new request, and sen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import date
+from dataclasses import dataclass, replace
+from datetime import date, datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from leasebox.db.partitions import (
-    LOCK_TIMEOUT,
+    KEPT_DAY,
     PARTITIONED_TABLES,
+    LocksUnavailable,
     Partition,
-    bound_lock_waits,
+    PartitionsIncomplete,
     drop_partitions,
     ensure_partitions,
     list_partitions,
+    lock_briefly,
     serialise_maintenance,
 )
 from leasebox.db.queries import DEFAULT_SCHEMA, query
@@ -47,12 +53,14 @@ from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
 @dataclass(frozen=True)
 class PruneResult:
     """What one `prune` removed: sent messages and receipts, and the partitions dropped;
-    `kept` counts the messages of those days moved forward because they are still wanted."""
+    `kept` counts the messages of those days moved to the kept partition, still wanted.
+    `problem` is what the partition upkeep that runs first could not do (None: all of it)."""
 
     sent: int
     receipts: int
     partitions: tuple[str, ...] = ()
     kept: int = 0
+    problem: str | None = None
 
 
 def prune(
@@ -80,25 +88,31 @@ def prune(
         )
     if not conn.autocommit:
         conn.commit()
+    problem = None
     try:
-        return _prune(conn, retention_seconds, schema)
-    except psycopg.errors.LockNotAvailable:
+        ensure_partitions(conn, schema)
+    except PartitionsIncomplete as exc:  # the days to drop do not depend on the days ahead
+        problem = str(exc)
+    try:
+        result = _prune(conn, retention_seconds, schema)
+    except LocksUnavailable as exc:
         raise DatabaseError(
-            f"another transaction is using the days to drop (it held a lock for over "
-            f"{LOCK_TIMEOUT}): nothing was dropped; run prune again when it is done"
+            f"{exc}: nothing was dropped; run prune again when it is done"
+            + (f"; also {problem}" if problem else "")
         ) from None
+    return replace(result, problem=problem)
 
 
 def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str) -> PruneResult:
-    ensure_partitions(conn, schema)
-    today, cutoff = _days(conn, retention_seconds)
+    today, cutoff, since = _days(conn, retention_seconds)
+    short = cutoff >= today
     # Counted before the tables are locked, so that the lock (which every statement on them
-    # waits for) covers the moves and the drops alone: counting a day of a million messages
-    # takes a few hundred milliseconds. No message or receipt is written to a past day
-    # meanwhile; the messages moved out are counted as they move (a dead letter purged in
-    # between is the one row counted that the drop does not remove). The count holds the
-    # maintenance lock, which only other maintenance waits for: a day another prune drops
-    # while it is read would fail the read.
+    # waits for) covers the drops alone: counting a day of a million messages takes a few
+    # hundred milliseconds. No message or receipt is written to a past day meanwhile; the
+    # messages moved out are counted as they move (a dead letter purged in between is the
+    # one row counted that the drop does not remove). The count holds the maintenance lock,
+    # which only other maintenance waits for: a day another prune drops while it is read
+    # would fail the read.
     with conn.transaction():
         serialise_maintenance(conn, schema)
         counted = {
@@ -109,6 +123,9 @@ def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str)
             )
             for table in ("outbox", "receipts")
         }
+    # The messages of those days that are still wanted move to the kept partition first, in
+    # batches that take row locks only: writers go on meanwhile, however many there are.
+    kept = _keep_wanted(conn, schema, cutoff, short=short)
     with conn.transaction():
         serialise_maintenance(conn, schema)
         old = {
@@ -116,22 +133,27 @@ def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str)
             for table in PARTITIONED_TABLES
         }
         dropped = [p for partitions in old.values() for p in partitions]
-        bound_lock_waits(conn)  # after the maintenance lock: another prune may take long
         _hold(conn, dropped, schema)
-        kept = _keep_wanted(conn, schema, today, cutoff, short=cutoff >= today)
-        drop_partitions(conn, dropped, schema)
+        if dropped:
+            # Under the lock, only what became wanted since (a receipt that names an old
+            # message) or was held by a worker a moment ago is left to move: a few rows.
+            kept += _keep_stragglers(conn, schema, cutoff, short=short)
+            drop_partitions(conn, dropped, schema)
+    forgotten = _forget(conn, schema, since)
     # Another prune may have dropped some of them meanwhile: only what this one drops counts.
-    sent = sum(counted["outbox"].get(p.name, 0) for p in old["outbox"]) - kept
+    sent = sum(counted["outbox"].get(p.name, 0) for p in old["outbox"]) - kept + forgotten
     receipts = sum(counted["receipts"].get(p.name, 0) for p in old["receipts"])
-    return PruneResult(sent, receipts, tuple(sorted(p.name for p in dropped)), kept)
+    return PruneResult(max(sent, 0), receipts, tuple(sorted(p.name for p in dropped)), kept)
 
 
-def _days(conn: psycopg.Connection[Any], retention_seconds: float) -> tuple[date, date]:
-    """Today, and the first day retention keeps (the UTC day of now - retention)."""
+def _days(conn: psycopg.Connection[Any], retention_seconds: float) -> tuple[date, date, datetime]:
+    """Today, the first day retention keeps (the UTC day of now - retention), and that
+    moment (now - retention)."""
     row = conn.execute(
         "SELECT (now() AT TIME ZONE 'UTC')::date,"
-        " ((now() - make_interval(secs => %s)) AT TIME ZONE 'UTC')::date",
-        (retention_seconds,),
+        " ((now() - make_interval(secs => %(s)s)) AT TIME ZONE 'UTC')::date,"
+        " now() - make_interval(secs => %(s)s)",
+        {"s": retention_seconds},
     ).fetchone()
     if not conn.autocommit:
         conn.commit()
@@ -139,7 +161,8 @@ def _days(conn: psycopg.Connection[Any], retention_seconds: float) -> tuple[date
         raise DatabaseError("the database returned no row for today's date and the cutoff")
     today: date = row[0]
     cutoff: date = row[1]
-    return today, cutoff
+    since: datetime = row[2]
+    return today, cutoff, since
 
 
 def _before(partition: Partition, cutoff: date) -> bool:
@@ -147,37 +170,100 @@ def _before(partition: Partition, cutoff: date) -> bool:
     return not partition.default and partition.end is not None and partition.end <= cutoff
 
 
+# The order in which retention locks the partitioned tables: the producers' order. A request
+# with an idempotency key reads its receipt before the outbox, and no producer reads the
+# history; the workers' statements, which touch the history before the outbox, wait on a
+# try that holds them for less than a deadlock check takes (`lock_briefly`).
+LOCK_ORDER = ("receipts", "outbox", "history")
+# Kept messages moved, or forgotten, per transaction.
+KEEP_BATCH = 1000
+
+
 def _hold(conn: psycopg.Connection[Any], partitions: list[Partition], schema: str) -> None:
-    """Lock the partitioned tables, with all their partitions, in one statement before
-    anything else, when there are partitions to drop: nothing reads or writes them until
-    the moves and the drops are done.
+    """Lock the partitioned tables, with all their partitions, before anything else, when
+    there are partitions to drop: nothing reads or writes them until the drops are done.
 
     Dropping a partition takes its table's lock: asked for after the partition's own, it
-    would close a cycle with a reader that holds the table and waits for the partition (a
-    deadlock whose victim may be a producer's `enqueue`). Asked for first, it waits for the
-    readers holding the tables and holds nothing they wait for. All three go together, as
-    the moves write to each of them.
+    would close a cycle with a reader that holds the table and waits for the partition.
+    Asked for first, in the producers' order (`LOCK_ORDER`) and in short tries, it waits for
+    the transactions holding the tables and never holds one while a producer waiting on it
+    could be chosen as a deadlock's victim: a try gives everything back first.
     """
     if partitions:
-        names = sql.SQL(", ").join(sql.Identifier(schema, table) for table in PARTITIONED_TABLES)
-        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(names))
+        names = sql.SQL(", ").join(sql.Identifier(schema, table) for table in LOCK_ORDER)
+        statement = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(names)
+        lock_briefly(conn, [statement], what="the days to drop")
 
 
-def _keep_wanted(
-    conn: psycopg.Connection[Any], schema: str, today: date, cutoff: date, *, short: bool
-) -> int:
-    """Move the still wanted messages of the days before `cutoff` to today; how many.
-
-    With a retention under a day (`short`), any live receipt may name such a message, not
-    only a late one, so every live receipt is read.
-    """
+def _wanted(conn: psycopg.Connection[Any], schema: str, cutoff: date, short: bool) -> list[int]:
+    """The still wanted messages of the days before `cutoff`. With a retention under a day
+    (`short`), any live receipt may name such a message, not only a late one, so every live
+    receipt is read."""
     name = "kept_messages_short_retention" if short else "kept_messages"
-    ids = [int(row[0]) for row in conn.execute(query(name, schema), {"before": cutoff})]
+    return [int(row[0]) for row in conn.execute(query(name, schema), {"before": cutoff})]
+
+
+def _move_to_kept(
+    conn: psycopg.Connection[Any], schema: str, ids: list[int], cutoff: date
+) -> tuple[int, int]:
+    """Move `ids` to the kept partition; how many moved, and how many were left behind (their
+    queue row held by another transaction)."""
+    params = {"ids": ids, "day": KEPT_DAY, "before": cutoff}
+    row = conn.execute(query("keep_messages", schema), params).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def _keep_wanted(conn: psycopg.Connection[Any], schema: str, cutoff: date, *, short: bool) -> int:
+    """Move the still wanted messages of the days before `cutoff` to the kept partition, a
+    batch a transaction, before the tables are locked; how many moved.
+
+    Each batch takes row locks only (skipping a queue row a worker holds), so producers and
+    workers go on writing meanwhile; and a message is moved once: the kept partition is
+    never dropped, so the next retention finds it there and leaves it.
+    """
+    with conn.transaction():
+        serialise_maintenance(conn, schema)
+        ids = _wanted(conn, schema, cutoff, short)
+    moved = 0
+    for start in range(0, len(ids), KEEP_BATCH):
+        with conn.transaction():
+            serialise_maintenance(conn, schema)
+            moved += _move_to_kept(conn, schema, ids[start : start + KEEP_BATCH], cutoff)[0]
+    return moved
+
+
+def _keep_stragglers(
+    conn: psycopg.Connection[Any], schema: str, cutoff: date, *, short: bool
+) -> int:
+    """Under the tables' lock: move what is still wanted of the days about to be dropped; how
+    many. A message that cannot be moved (its queue row held) keeps its day: nothing drops."""
+    ids = _wanted(conn, schema, cutoff, short)
     if not ids:
         return 0
-    params = {"ids": ids, "day": today, "before": cutoff}
-    row = conn.execute(query("keep_messages", schema), params).fetchone()
-    return int(row[0]) if row else 0
+    moved, left = _move_to_kept(conn, schema, ids, cutoff)
+    if left:
+        raise LocksUnavailable(f"another transaction is using {left} message(s) of the days")
+    return moved
+
+
+def _forget(conn: psycopg.Connection[Any], schema: str, since: datetime) -> int:
+    """Remove, a batch a transaction, the kept messages that nothing wants any more and that
+    nothing happened to since `since`, and the abuse guard's subjects no send touched since;
+    how many messages."""
+    forgotten = 0
+    params = {"kept": KEPT_DAY, "since": since, "limit": KEEP_BATCH}
+    while True:
+        with conn.transaction():
+            row = conn.execute(query("forget_kept_messages", schema), params).fetchone()
+        done = int(row[0]) if row else 0
+        forgotten += done
+        if done < KEEP_BATCH:
+            break
+    while True:
+        with conn.transaction():
+            done = conn.execute(query("forget_guard_subjects", schema), params).rowcount
+        if done < KEEP_BATCH:
+            return forgotten
 
 
 def _rows(

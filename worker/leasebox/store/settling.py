@@ -1,10 +1,12 @@
-"""Settling claimed rows while the lease holds: sent, retry later, dead, or released unsent.
+"""Settling claimed rows while the lease holds: sent, retry later, dead, released unsent, or
+superseded by a newer message of their replacement key.
 
 Each statement takes many rows at once (the runtime batches outcomes) and matches each queue
 row on its lease token and `status = 'processing'`. It returns the ids that matched; an id
 missing from the answer is a lease the caller no longer owns (it stalled past the lease and
 another worker reclaimed the row), which the caller counts as lost and never retries. A
-sent message leaves the queue: its `sent` history row is the record of the send.
+sent message leaves the queue: its `sent` history row is the record of the send, and so does
+a superseded one, with its `superseded` row.
 
 The same statement writes the attempt history: one row per settled row (`sent`, `retry` or
 `ambiguous`, `dead`, `released`), and a `lease_lost` row, in the name of `worker_id`, for
@@ -57,7 +59,15 @@ class Release(NamedTuple):
     lease: LeaseRef
 
 
-Settlement = Sent | Retry | Dead | Release
+class Superseded(NamedTuple):
+    """Not sent, and never to be: message `newer` of its replacement key replaced it before
+    it reached the wire."""
+
+    lease: LeaseRef
+    newer: int
+
+
+Settlement = Sent | Retry | Dead | Release | Superseded
 
 
 async def mark_sent(
@@ -144,6 +154,27 @@ async def release_leases(
         "worker_id": worker_id,
     }
     return await _ids(conn, "release_leases", schema, params)
+
+
+async def mark_superseded(
+    conn: Connection,
+    items: Sequence[Superseded],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+    worker_id: str | None = None,
+) -> set[int]:
+    """Take superseded rows out of the queue, naming their newer message; returns the ids
+    still owned."""
+    if not items:
+        return set()
+    params = {
+        **lease_keys(item.lease for item in items),
+        "newer": [item.newer for item in items],
+        "now": now,
+        "worker_id": worker_id,
+    }
+    return await _ids(conn, "mark_superseded", schema, params)
 
 
 async def _ids(conn: Connection, name: str, schema: str, params: dict[str, Any]) -> set[int]:

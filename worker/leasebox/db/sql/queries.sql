@@ -58,6 +58,17 @@ LIMIT 1;
 -- Serialise callers on one key until the end of the transaction.
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
+-- name: touch_guard_subject
+-- Serialise the guard's callers on one counted subject, and fail a stale snapshot.
+-- The row's lock serialises callers under READ COMMITTED, so the count that follows sees what
+-- the previous holder committed. Under REPEATABLE READ and SERIALIZABLE the count reads the
+-- caller's snapshot: if another request rewrote the row after that snapshot was taken, this
+-- update fails with a serialization failure (40001) rather than let the count miss its send.
+INSERT INTO {schema}.guard_subjects AS g (subject, touched_at)
+VALUES (hashtextextended(%(subject)s, 0), now())
+ON CONFLICT (subject) DO UPDATE SET touched_at = excluded.touched_at
+RETURNING g.touched_at;
+
 -- name: count_recipient_window
 -- Logical sends to one normalised recipient inside the abuse guard's window.
 SELECT count(*) AS n, min(created_at) AS oldest, now() AS now
@@ -98,7 +109,8 @@ WHERE {schema}.receipts.expires_at <= now()
 -- explicit delivery key, unless the caller took them already), then does what `source`
 -- says: `receipt` (a live receipt of the key; the caller compares its request hash),
 -- `existing` (the message under the explicit delivery key, the same message), `conflict`
--- (another message under it), or `inserted`. No row: a row with that delivery key was
+-- (another message under it), `expired` (a new message already past its expiry on the
+-- database's clock: nothing written), or `inserted`. No row: a row with that delivery key was
 -- written concurrently without the lock. Arguments are cast, so that any driver's
 -- parameter types find the function.
 SELECT source, outbox_id, delivery_key, request_hash
@@ -120,18 +132,22 @@ FROM {schema}.enqueue_message(
     p_idempotency_key => %(idempotency_key)s::text,
     p_request_hash => %(request_hash)s::text,
     p_ttl_seconds => %(ttl_seconds)s::float8,
-    p_locks => %(locks)s::text[]
+    p_locks => %(locks)s::text[],
+    p_replacement_key => %(replacement_key)s::text
 );
 
 -- name: lock_keys
 -- Serialise callers on many keys until the end of the transaction: receipts first, in one order.
--- Receipt keys before delivery keys (the order `enqueue` takes them in), each group in the
--- order of its lock's hash, so that no two producers can wait for each other in a cycle.
+-- Receipt keys, then delivery keys, then replacement keys (the order `enqueue` takes them in),
+-- each group in the order of its lock's hash, so that no two producers can wait for each other
+-- in a cycle.
 SELECT count(pg_advisory_xact_lock(s.h))
 FROM (
     SELECT 1 AS g, hashtextextended(k, 0) AS h FROM unnest(%(receipt_keys)s::text[]) AS k
     UNION
     SELECT 2, hashtextextended(k, 0) FROM unnest(%(delivery_keys)s::text[]) AS k
+    UNION
+    SELECT 3, hashtextextended(k, 0) FROM unnest(%(replacement_keys)s::text[]) AS k
     ORDER BY 1, 2
 ) AS s;
 
@@ -145,6 +161,9 @@ FROM (
 -- message is looked up on its own (a LATERAL with LIMIT 1, one index probe per partition),
 -- and the rest are passes over the batch and one window, so the cost grows with the size of
 -- the batch, not with its square. Arrays come in binary, which psycopg dumps without quoting.
+-- A message written with a replacement key supersedes, as `enqueue` does, the key's pending
+-- messages in the queue and any earlier message of the batch with the same key (written, never
+-- queued): the last of a key in the batch is the one sent.
 WITH input AS (
     SELECT *
     FROM unnest(%(kinds)b::text[], %(aggregate_ids)b::text[], %(recipients)b::text[],
@@ -152,11 +171,12 @@ WITH input AS (
                 %(data)b::jsonb[], %(secrets)b::bytea[], %(delivery_keys)b::text[],
                 %(explicit_keys)b::bool[], %(max_attempts)b::int[],
                 %(available_at)b::timestamptz[], %(expires_at)b::timestamptz[],
-                %(idempotency_keys)b::text[], %(request_hashes)b::text[])
+                %(idempotency_keys)b::text[], %(request_hashes)b::text[],
+                %(replacement_keys)b::text[])
          WITH ORDINALITY
          AS i(kind, aggregate_id, recipient, recipient_key, message_hash, template, data,
               secrets, delivery_key, explicit_key, max_attempts, available_at, expires_at,
-              idempotency_key, request_hash, ord)
+              idempotency_key, request_hash, replacement_key, ord)
 ),
 -- What each message finds: a live receipt of its key (with the receipt's message), or else,
 -- under an explicit delivery key, the message already holding that key.
@@ -195,10 +215,15 @@ looked AS MATERIALIZED (
         LIMIT 1
     ) AS e ON true
 ),
+-- A new message already past its expiry on the database's clock is refused like a conflict.
 conflicts AS (
     SELECT ord, found AS source, found_id AS id, sends_key AS delivery_key
     FROM looked
     WHERE found IN ('conflict', 'receipt_conflict')
+    UNION ALL
+    SELECT ord, 'expired', NULL, delivery_key
+    FROM looked
+    WHERE found IS NULL AND expires_at <= now()
 ),
 -- A message that found nothing is written, once per delivery key: the first message of the
 -- batch with the key writes it (its id is the smallest: only these messages took ids, in
@@ -223,28 +248,65 @@ touched AS (
       AND r.scope = %(scope)s AND r.idempotency_key = f.idempotency_key
       AND r.bucket = f.receipt_bucket
 ),
+-- Each written message with the newest message the batch writes under its replacement key
+-- (ids were taken in input order: the last one of the key).
+keyed AS (
+    SELECT w.*,
+           CASE WHEN w.replacement_key IS NOT NULL THEN
+               max(w.id) FILTER (WHERE w.source = 'inserted')
+                   OVER (PARTITION BY w.replacement_key)
+           END AS newest
+    FROM resolved AS w
+    WHERE w.source = 'inserted'
+),
 -- Under the callers' locks no other leasebox writer holds these delivery keys: a row that
 -- does was written concurrently by hand, and the insert fails on the unique index.
 inserted AS (
     INSERT INTO {schema}.outbox
         (id, bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash,
-         template, data, secrets, delivery_key, max_attempts, expires_at)
+         template, data, secrets, delivery_key, max_attempts, expires_at, replacement_key)
     SELECT w.id, w.bucket, w.kind, w.aggregate_id, w.recipient, w.recipient_key, %(scope)s,
            w.message_hash, w.template, w.data, w.secrets, w.delivery_key, w.max_attempts,
-           w.expires_at
-    FROM resolved AS w
-    WHERE w.source = 'inserted'
+           w.expires_at, w.replacement_key
+    FROM keyed AS w
     ORDER BY w.ord
 ),
 queued AS (
     INSERT INTO {schema}.queue
         (id, bucket, kind, aggregate_id, delivery_key, max_attempts, available_at, expires_at,
-         created_at, updated_at)
+         created_at, updated_at, replacement_key)
     SELECT w.id, w.bucket, w.kind, w.aggregate_id, w.delivery_key, w.max_attempts,
-           coalesce(w.available_at, now()), w.expires_at, now(), now()
-    FROM resolved AS w
-    WHERE w.source = 'inserted'
+           coalesce(w.available_at, now()), w.expires_at, now(), now(), w.replacement_key
+    FROM keyed AS w
+    WHERE w.newest IS NULL OR w.id = w.newest
     ORDER BY w.ord
+),
+-- The pending messages of the batch's replacement keys already in the queue (under the
+-- callers' locks of those keys), each found by the key's index.
+doomed AS (
+    SELECT k.newest, p.id
+    FROM (SELECT DISTINCT w.replacement_key, w.newest FROM keyed AS w
+          WHERE w.newest IS NOT NULL) AS k
+    CROSS JOIN LATERAL (
+        SELECT q.id FROM {schema}.queue AS q
+        WHERE q.replacement_key = k.replacement_key AND q.status = 'pending'
+    ) AS p
+),
+replaced AS (
+    DELETE FROM {schema}.queue AS q
+    USING doomed AS d
+    WHERE q.id = d.id AND q.status = 'pending'
+    RETURNING q.id, q.bucket, q.kind, q.attempts, d.newest
+),
+superseded AS (
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, superseded_by)
+    SELECT id, bucket, kind, 'superseded', now(), attempts, newest
+    FROM replaced
+    UNION ALL
+    SELECT id, bucket, kind, 'superseded', now(), 0, newest
+    FROM keyed
+    WHERE newest IS NOT NULL AND id <> newest
 ),
 receipt AS (
     INSERT INTO {schema}.receipts
@@ -320,24 +382,35 @@ SELECT DISTINCT kind FROM {schema}.queue ORDER BY kind;
 -- row it claimed, so that its scan does not walk the index entries of every row claimed
 -- before, which stay in the index until a vacuum; now and then it scans from the start, for
 -- a row committed late by a transaction that began before the rows it has claimed.
+-- Each kind's scan yields its first `limit` rows; of them all, the claim takes the kinds of
+-- higher `priority` first, oldest availability first within a priority, except that up to
+-- `aged_limit` rows that have waited longer than their kind's `aging` seconds (its SLA, from
+-- creation) come before everything (the oldest first): a lower priority never starves.
 WITH candidates AS (
-    SELECT c.id
-    FROM unnest(%(kinds)s::text[], %(after_at)s::timestamptz[], %(after_id)s::bigint[])
-        AS k(kind, after_at, after_id)
-    CROSS JOIN LATERAL (
-        SELECT q.id, q.available_at
-        FROM {schema}.queue AS q
-        WHERE q.kind = k.kind
-          AND (q.available_at, q.id)
-              > (coalesce(k.after_at, '-infinity'::timestamptz), coalesce(k.after_id, 0))
-          AND q.status = 'pending'
-          AND q.available_at <= coalesce(%(now)s::timestamptz, now())
-          AND (q.expires_at IS NULL OR q.expires_at > coalesce(%(now)s::timestamptz, now()))
-        ORDER BY q.available_at, q.id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    ORDER BY c.available_at, c.id
+    SELECT r.id
+    FROM (
+        SELECT c.id, c.available_at, k.priority, c.aged,
+               row_number() OVER (PARTITION BY c.aged ORDER BY c.available_at, c.id) AS nth
+        FROM unnest(%(kinds)s::text[], %(after_at)s::timestamptz[], %(after_id)s::bigint[],
+                    %(priorities)s::int[], %(aging)s::float8[])
+            AS k(kind, after_at, after_id, priority, aging)
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.available_at,
+                   q.created_at <= coalesce(%(now)s::timestamptz, now())
+                                   - make_interval(secs => k.aging) AS aged
+            FROM {schema}.queue AS q
+            WHERE q.kind = k.kind
+              AND (q.available_at, q.id)
+                  > (coalesce(k.after_at, '-infinity'::timestamptz), coalesce(k.after_id, 0))
+              AND q.status = 'pending'
+              AND q.available_at <= coalesce(%(now)s::timestamptz, now())
+              AND (q.expires_at IS NULL OR q.expires_at > coalesce(%(now)s::timestamptz, now()))
+            ORDER BY q.available_at, q.id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS c
+    ) AS r
+    ORDER BY (r.aged AND r.nth <= %(aged_limit)s) DESC, r.priority DESC, r.available_at, r.id
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -353,7 +426,7 @@ claimed AS (
     WHERE q.id = ANY(ARRAY(SELECT id FROM candidates))
     RETURNING q.id, q.bucket, q.kind, q.aggregate_id, q.delivery_key, q.attempts,
               q.max_attempts, q.expires_at, q.lease_token, q.lease_expires_at, q.created_at,
-              q.available_at
+              q.available_at, q.replacement_key
 ),
 logged AS (
     INSERT INTO {schema}.history
@@ -371,7 +444,7 @@ logged AS (
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token::text,
        c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
-       c.available_at
+       c.available_at, c.replacement_key
 FROM claimed AS c
 LEFT JOIN {schema}.outbox AS o ON o.id = c.id AND o.bucket = c.bucket
 ORDER BY c.available_at, c.id;
@@ -382,9 +455,20 @@ ORDER BY c.available_at, c.id;
 SELECT c.id, c.kind, c.aggregate_id, NULL::text AS recipient, NULL::text AS template,
        NULL::jsonb AS data, NULL::bytea AS secrets, c.delivery_key, c.attempts,
        c.max_attempts, c.expires_at, c.lease_token::text, c.lease_expires_at, c.created_at,
-       coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at
+       coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at, c.replacement_key
 FROM claimed AS c
 ORDER BY c.available_at, c.id;
+
+-- name: newer_replacement
+-- The newest message of a replacement key newer than a claimed one, if any has been committed:
+-- what a worker asks right before it writes the claimed one to the wire. A newer message was
+-- created on the claimed one's day or later, so only those days' partitions are read.
+SELECT o.id
+FROM {schema}.outbox AS o
+WHERE o.replacement_key = %(replacement_key)s AND o.id > %(id)s
+  AND o.bucket >= (%(created_at)s::timestamptz AT TIME ZONE 'UTC')::date
+ORDER BY o.id DESC
+LIMIT 1;
 
 -- fragment: held_by_the_batch
 -- The queue rows of the batch `d` whose lease token still matches (the settling statements'),
@@ -532,6 +616,80 @@ lost AS (
     -- include: lost_leases
 )
 SELECT id FROM settled;
+
+-- name: mark_superseded
+-- Settle rows a newer message of their replacement key replaced before they were written to
+-- the wire: out of the queue, with a `superseded` history row naming the newer message.
+WITH d AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(newer)s::bigint[])
+        AS d(id, token, newer)
+),
+settled AS (
+    DELETE FROM {schema}.queue AS q
+    USING d
+    -- include: held_by_the_batch
+    RETURNING q.id, q.bucket, q.kind, q.attempts, q.leased_by, d.token, d.newer
+),
+logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, superseded_by)
+    SELECT id, bucket, kind, 'superseded', coalesce(%(now)s::timestamptz, now()), attempts,
+           token, leased_by, newer
+    FROM settled
+),
+lost AS (
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id)
+    SELECT d.id, l.bucket, l.kind, 'lease_lost', coalesce(%(now)s::timestamptz, now()),
+           l.attempt, d.token, %(worker_id)s
+    -- include: lost_leases
+)
+SELECT id FROM settled;
+
+-- name: reserve_tokens
+-- Reserve `count` tokens of a provider account's quota; creates the account's row on first use.
+-- The row's lock orders the reservations of every worker: the first token is due at the
+-- account's `next_at`, but never before its pause ends, nor earlier than the bucket's credit
+-- allows (`burst` tokens at most may be due at once); token k is due `k / rate` seconds after
+-- the first. `rate` and `burst` are the caller's (the latest worker's settings win). The time
+-- is read once the row is locked (`clock_timestamp()`, not the statement's start, which may be
+-- a wait for the lock earlier), and returned, so that the caller can place the due times on
+-- its own clock.
+INSERT INTO {schema}.quotas AS a (account, rate, burst, next_at, updated_at)
+SELECT %(account)s, %(rate)s, %(burst)s,
+       t.now - make_interval(secs => (%(burst)s - 1) / %(rate)s)
+             + make_interval(secs => %(count)s / %(rate)s),
+       t.now
+FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now) AS t
+ON CONFLICT (account) DO UPDATE
+SET next_at = greatest(a.next_at,
+                       coalesce(%(now)s::timestamptz, clock_timestamp())
+                           - make_interval(secs => (excluded.burst - 1) / excluded.rate),
+                       coalesce(a.paused_until, '-infinity'))
+              + make_interval(secs => %(count)s / excluded.rate),
+    rate = excluded.rate,
+    burst = excluded.burst,
+    updated_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+RETURNING a.next_at - make_interval(secs => %(count)s / a.rate) AS first_at,
+          a.paused_until, a.updated_at AS now;
+
+-- name: pause_quota
+-- Pause a provider account's quota until `seconds` from now (a rate-limit reset the provider
+-- gave), unless it is paused longer already, and tell the other workers (NOTIFY).
+WITH paused AS (
+    UPDATE {schema}.quotas AS a
+    SET paused_until = greatest(coalesce(a.paused_until, '-infinity'),
+                                coalesce(%(now)s::timestamptz, now())
+                                    + make_interval(secs => %(seconds)s)),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    WHERE a.account = %(account)s
+    RETURNING a.account, a.paused_until
+)
+SELECT p.paused_until,
+       pg_notify(%(channel)s, %(notice_prefix)s || extract(epoch FROM p.paused_until)::text
+                              || %(separator)s || p.account) AS notified
+FROM paused AS p;
 
 -- name: extend_leases
 -- Push the expiry of leases still held to now plus the lease length.
@@ -745,29 +903,83 @@ WHERE bucket >= (now() AT TIME ZONE 'UTC')::date
   AND outbox_bucket < %(before)s AND expires_at > now();
 
 -- name: keep_messages
--- Move messages (their outbox row, queue row and history) to the day `day`, and point their
--- receipts there: retention is about to drop the days before `before` they were in.
+-- Move still wanted messages of the days before `before` to the kept partition, once.
+-- Their outbox, queue and history rows get the bucket `day` (9999-12-31, the kept partition,
+-- which retention never drops) and their receipts point there: retention is about to drop
+-- the days they were in. It runs beside the producers and workers, taking row locks only: a
+-- message whose queue row another transaction holds right now (a worker settling it) is left
+-- for a later try. The answer is how many messages moved and how many were left.
 WITH ids AS (
     SELECT unnest(%(ids)s::bigint[]) AS id
 ),
+held AS MATERIALIZED (
+    SELECT q.id FROM {schema}.queue AS q
+    WHERE q.id = ANY(%(ids)s::bigint[]) AND q.bucket < %(before)s
+    ORDER BY q.id
+    FOR UPDATE SKIP LOCKED
+),
+movable AS MATERIALIZED (
+    SELECT ids.id FROM ids
+    WHERE ids.id IN (SELECT id FROM held)
+       OR NOT EXISTS (SELECT FROM {schema}.queue AS q
+                      WHERE q.id = ids.id AND q.bucket < %(before)s)
+),
 queued AS (
     UPDATE {schema}.queue AS q SET bucket = %(day)s
-    FROM ids WHERE q.id = ids.id AND q.bucket < %(before)s
+    FROM held WHERE q.id = held.id
 ),
 messages AS (
     UPDATE {schema}.outbox AS o SET bucket = %(day)s
-    FROM ids WHERE o.id = ids.id AND o.bucket < %(before)s
+    FROM movable WHERE o.id = movable.id AND o.bucket < %(before)s
     RETURNING o.id
 ),
 history AS (
     UPDATE {schema}.history AS h SET bucket = %(day)s
-    FROM ids WHERE h.outbox_id = ids.id AND h.bucket < %(before)s
+    FROM movable WHERE h.outbox_id = movable.id AND h.bucket < %(before)s
 ),
 receipts AS (
     UPDATE {schema}.receipts AS r SET outbox_bucket = %(day)s
-    FROM ids WHERE r.outbox_id = ids.id AND r.outbox_bucket < %(before)s
+    FROM movable WHERE r.outbox_id = movable.id AND r.outbox_bucket < %(before)s
 )
-SELECT count(*) FROM messages;
+SELECT (SELECT count(*) FROM messages) AS moved,
+       (SELECT count(*) FROM ids) - (SELECT count(*) FROM movable) AS left_behind;
+
+-- name: forget_kept_messages
+-- Delete a batch of kept messages that nothing wants any more, with their history.
+-- A message of the kept partition (`kept`) goes once it is out of the queue (sent, or purged),
+-- no live receipt names it, and nothing happened to it since `since` (now minus the
+-- retention): as a message of a day would have gone with its day.
+WITH doomed AS (
+    SELECT o.id FROM {schema}.outbox AS o
+    WHERE o.bucket = %(kept)s AND o.created_at < %(since)s
+      AND NOT EXISTS (SELECT FROM {schema}.queue AS q WHERE q.id = o.id)
+      AND NOT EXISTS (SELECT FROM {schema}.receipts AS r
+                      WHERE r.outbox_id = o.id AND r.expires_at > now()
+                        AND r.bucket >= (now() AT TIME ZONE 'UTC')::date)
+      AND NOT EXISTS (SELECT FROM {schema}.history AS h
+                      WHERE h.outbox_id = o.id AND h.bucket = o.bucket AND h.at >= %(since)s)
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+),
+forgotten AS (
+    DELETE FROM {schema}.history AS h USING doomed
+    WHERE h.outbox_id = doomed.id AND h.bucket = %(kept)s
+),
+gone AS (
+    DELETE FROM {schema}.outbox AS o USING doomed
+    WHERE o.id = doomed.id AND o.bucket = %(kept)s
+    RETURNING o.id
+)
+SELECT count(*) FROM gone;
+
+-- name: forget_guard_subjects
+-- Delete a batch of the abuse guard's subjects that no send touched since `since`.
+-- A subject's row matters only while transactions that counted it are open. The age is
+-- checked again on the row itself, so a row a send touches meanwhile stays.
+DELETE FROM {schema}.guard_subjects AS g
+WHERE g.subject IN (SELECT subject FROM {schema}.guard_subjects
+                    WHERE touched_at < %(since)s LIMIT %(limit)s)
+  AND g.touched_at < %(since)s;
 
 -- name: listen
 -- Subscribe to the queue's insert notifications.

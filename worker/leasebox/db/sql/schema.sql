@@ -44,6 +44,9 @@ CREATE TABLE {schema}.outbox (
     max_attempts integer CHECK (max_attempts BETWEEN 1 AND 100),
     expires_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
+    -- Messages of one replacement key replace one another ("resend code"): the newest
+    -- supersedes every older one not yet sent (`leasebox.messages.OutboxMessage`).
+    replacement_key text,
     PRIMARY KEY (id, bucket),
     UNIQUE (delivery_key, bucket)
 ) PARTITION BY RANGE (bucket);
@@ -53,8 +56,17 @@ ALTER SEQUENCE {schema}.outbox_id_seq OWNED BY {schema}.outbox.id;
 -- The abuse guard's windows: per normalised recipient, and per scope.
 CREATE INDEX outbox_recipient_key_created_idx ON {schema}.outbox (recipient_key, created_at);
 CREATE INDEX outbox_scope_created_idx ON {schema}.outbox (scope, created_at);
+-- The newest message of a replacement key: what a worker checks right before the wire.
+CREATE INDEX outbox_replacement_idx ON {schema}.outbox (replacement_key, id)
+    WHERE replacement_key IS NOT NULL;
 
 CREATE TABLE {schema}.outbox_default PARTITION OF {schema}.outbox DEFAULT;
+
+-- What retention keeps of the days it drops (messages not sent yet, dead letters, messages a
+-- live receipt names) moves here once, with the bucket 9999-12-31, after every real day:
+-- retention never drops this partition, and removes a row from it once nothing wants it.
+CREATE TABLE {schema}.outbox_kept PARTITION OF {schema}.outbox
+    FOR VALUES FROM ('9999-12-31') TO (MAXVALUE);
 
 -- The messages not sent yet, and the dead letters: what workers claim and settle. A row is
 -- deleted when its message is sent. It copies from `outbox` what claiming, routing and logs
@@ -79,6 +91,7 @@ CREATE TABLE {schema}.queue (
     dead_reason text,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
+    replacement_key text,
     -- A row holds a lease token exactly while it is processing: settling matches on the token.
     CHECK ((status = 'processing') = (lease_token IS NOT NULL))
 ) WITH (
@@ -104,6 +117,9 @@ CREATE INDEX queue_leases_idx ON {schema}.queue (lease_expires_at)
 -- Dead letters by kind and age (list, requeue, purge, backlog counts).
 CREATE INDEX queue_dead_idx ON {schema}.queue (kind, updated_at)
     WHERE status = 'dead';
+-- Supersession: the pending messages of a replacement key, which a newer one replaces.
+CREATE INDEX queue_replacement_idx ON {schema}.queue (replacement_key)
+    WHERE replacement_key IS NOT NULL;
 
 -- Requests that mapped onto a send. A receipt names its message by id; it lives in the
 -- partition of the day it expires (`bucket`), so a lookup of the live receipts reads only
@@ -135,6 +151,20 @@ CREATE INDEX receipts_late_idx ON {schema}.receipts (outbox_bucket)
 
 CREATE TABLE {schema}.receipts_default PARTITION OF {schema}.receipts DEFAULT;
 
+-- The abuse guard's counted subjects (a hash of a recipient's normalised form, or of a
+-- scope), each rewritten by every send it counts: under REPEATABLE READ or SERIALIZABLE a
+-- request whose snapshot cannot see another's send fails on this row with a serialization
+-- failure instead of counting too few; under READ COMMITTED its lock serialises the callers.
+-- Retention removes the rows no send touched for longer than it keeps.
+CREATE TABLE {schema}.guard_subjects (
+    subject bigint PRIMARY KEY,
+    touched_at timestamptz NOT NULL
+) WITH (
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.05,
+    autovacuum_vacuum_cost_delay = 0
+);
+
 -- The attempt history: one row per event in a message's life (each claim, how each lease
 -- ended, an expiry in the queue, a requeue), written by the statement that makes the change.
 -- It lives in its message's partition (`bucket`) and goes with it. Append-only.
@@ -148,7 +178,7 @@ CREATE TABLE {schema}.history (
     kind text NOT NULL,
     event text NOT NULL CHECK (event IN (
         'claimed', 'sent', 'retry', 'ambiguous', 'dead', 'released', 'lease_expired',
-        'lease_lost', 'expired', 'requeued')),
+        'lease_lost', 'expired', 'requeued', 'superseded')),
     at timestamptz NOT NULL,
     -- The message's attempt count when the event happened.
     attempt integer,
@@ -161,7 +191,9 @@ CREATE TABLE {schema}.history (
     error_class text,
     error text,
     dead_reason text,
-    provider_message_id text
+    provider_message_id text,
+    -- superseded: the newer message of the same replacement key that replaced this one.
+    superseded_by bigint
 ) PARTITION BY RANGE (bucket);
 
 ALTER SEQUENCE {schema}.history_id_seq OWNED BY {schema}.history.id;
@@ -173,29 +205,51 @@ CREATE INDEX history_sent_idx ON {schema}.history (kind, at) WHERE event = 'sent
 
 CREATE TABLE {schema}.history_default PARTITION OF {schema}.history DEFAULT;
 
--- One row per logical send with where it is: the queue's state while it is there, `sent`
--- (with when, by whom, and the provider's id, from its `sent` history) once it is gone.
+-- The history of the messages retention keeps (see `outbox_kept`).
+CREATE TABLE {schema}.history_kept PARTITION OF {schema}.history
+    FOR VALUES FROM ('9999-12-31') TO (MAXVALUE);
+
+-- One row per logical send with where it is: the queue's state while it is there; once it is
+-- gone, how it left, from its last `sent` or `superseded` history row (with when, by whom,
+-- the provider's id, or the newer message that replaced it).
 CREATE VIEW {schema}.messages AS
 SELECT o.id, o.bucket, o.kind, o.aggregate_id, o.recipient, o.recipient_key, o.scope,
        o.message_hash, o.template, o.data, o.delivery_key,
-       coalesce(q.status, 'sent') AS status,
+       coalesce(q.status, s.event, 'sent') AS status,
        coalesce(q.attempts, s.attempt, 0) AS attempts,
        coalesce(q.max_attempts, o.max_attempts) AS max_attempts,
        coalesce(q.available_at, o.created_at) AS available_at,
        CASE WHEN q.id IS NULL THEN o.expires_at ELSE q.expires_at END AS expires_at,
        q.lease_token, q.lease_expires_at, coalesce(q.leased_by, s.worker_id) AS leased_by,
-       s.at AS sent_at, s.provider_message_id,
+       CASE WHEN s.event = 'sent' THEN s.at END AS sent_at, s.provider_message_id,
        q.last_error, q.last_error_class, q.dead_reason,
-       o.created_at, coalesce(q.updated_at, s.at, o.created_at) AS updated_at
+       o.created_at, coalesce(q.updated_at, s.at, o.created_at) AS updated_at,
+       o.replacement_key, s.superseded_by
 FROM {schema}.outbox AS o
 LEFT JOIN {schema}.queue AS q ON q.id = o.id
 LEFT JOIN LATERAL (
-    SELECT h.at, h.attempt, h.worker_id, h.provider_message_id
+    SELECT h.event, h.at, h.attempt, h.worker_id, h.provider_message_id, h.superseded_by
     FROM {schema}.history AS h
-    WHERE q.id IS NULL AND h.outbox_id = o.id AND h.bucket = o.bucket AND h.event = 'sent'
+    WHERE q.id IS NULL AND h.outbox_id = o.id AND h.bucket = o.bucket
+      AND h.event IN ('sent', 'superseded')
     ORDER BY h.id DESC
     LIMIT 1
 ) AS s ON true;
+
+-- A provider account's send quota, shared by every worker that sends through the account:
+-- a token bucket kept as the time its next token is due (`next_at`, the generic cell rate
+-- algorithm). A worker reserves tokens with one UPDATE of the row, which orders every
+-- reservation of the account; token k of a reservation is due 1/rate after token k-1, and
+-- the bucket never holds more than `burst` tokens of credit. `paused_until` is a provider's
+-- rate-limit reset (a 429's Retry-After): no token is due before it.
+CREATE TABLE {schema}.quotas (
+    account text PRIMARY KEY,
+    rate double precision NOT NULL CHECK (rate > 0),
+    burst integer NOT NULL CHECK (burst >= 1),
+    next_at timestamptz NOT NULL,
+    paused_until timestamptz,
+    updated_at timestamptz NOT NULL
+);
 
 -- One logical send, as `enqueue` writes it (the producer's `enqueue` statement calls this):
 -- take the caller's advisory locks (`p_locks`, in order), then reuse a live receipt of the
@@ -205,8 +259,12 @@ LEFT JOIN LATERAL (
 -- so it sees what an earlier holder of a lock committed; a function rather than one big
 -- statement because a statement would open every day's partition for the lookups the common
 -- request (a new message under a key made up for it) never makes. The answer has one row:
--- `source` is `inserted`, `existing`, `receipt` or `conflict`, and no row at all means a
--- message with that delivery key was written concurrently without the lock.
+-- `source` is `inserted`, `existing`, `receipt`, `conflict` or `expired` (a new message
+-- already past its `expires_at` on the database's clock, which every worker shares: nothing
+-- is written), and no row at all means a message with that delivery key was written
+-- concurrently without the lock. A message written with a replacement key supersedes the
+-- older pending messages of that key in the same transaction (the caller holds the key's
+-- lock, so they are all older than it).
 CREATE FUNCTION {schema}.enqueue_message(
     p_kind text,
     p_aggregate_id text,
@@ -225,7 +283,8 @@ CREATE FUNCTION {schema}.enqueue_message(
     p_idempotency_key text,
     p_request_hash text,
     p_ttl_seconds double precision,
-    p_locks text[]
+    p_locks text[],
+    p_replacement_key text
 ) RETURNS TABLE (source text, outbox_id bigint, delivery_key text, request_hash text)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
@@ -279,13 +338,17 @@ BEGIN
             v_source := 'existing';
         END IF;
     END IF;
+    IF v_source = 'inserted' AND p_expires_at <= now() THEN
+        RETURN QUERY SELECT 'expired', NULL::bigint, p_delivery_key, NULL::text;
+        RETURN;
+    END IF;
     IF v_source = 'inserted' THEN
         INSERT INTO {schema}.outbox
             (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash,
-             template, data, secrets, delivery_key, max_attempts, expires_at)
+             template, data, secrets, delivery_key, max_attempts, expires_at, replacement_key)
         VALUES ((now() AT TIME ZONE 'UTC')::date, p_kind, p_aggregate_id, p_recipient,
                 p_recipient_key, p_scope, p_message_hash, p_template, p_data, p_secrets,
-                p_delivery_key, p_max_attempts, p_expires_at)
+                p_delivery_key, p_max_attempts, p_expires_at, p_replacement_key)
         ON CONFLICT (delivery_key, bucket) DO NOTHING
         RETURNING id, bucket, created_at INTO v_message;
         IF NOT FOUND THEN
@@ -293,10 +356,24 @@ BEGIN
         END IF;
         INSERT INTO {schema}.queue
             (id, bucket, kind, aggregate_id, delivery_key, max_attempts, available_at,
-             expires_at, created_at, updated_at)
+             expires_at, created_at, updated_at, replacement_key)
         VALUES (v_message.id, v_message.bucket, p_kind, p_aggregate_id, p_delivery_key,
                 p_max_attempts, coalesce(p_available_at, v_message.created_at), p_expires_at,
-                v_message.created_at, v_message.created_at);
+                v_message.created_at, v_message.created_at, p_replacement_key);
+        IF p_replacement_key IS NOT NULL THEN
+            -- The older messages of the key that no worker holds leave the queue now; one a
+            -- worker holds is checked by that worker right before it is written to the wire.
+            WITH replaced AS (
+                DELETE FROM {schema}.queue AS q
+                WHERE q.replacement_key = p_replacement_key AND q.status = 'pending'
+                  AND q.id < v_message.id
+                RETURNING q.id, q.bucket, q.kind, q.attempts
+            )
+            INSERT INTO {schema}.history
+                (outbox_id, bucket, kind, event, at, attempt, superseded_by)
+            SELECT r.id, r.bucket, r.kind, 'superseded', now(), r.attempts, v_message.id
+            FROM replaced AS r;
+        END IF;
     END IF;
     IF p_idempotency_key IS NOT NULL THEN
         -- Replaces a receipt of the same key and day only once it has expired or names a

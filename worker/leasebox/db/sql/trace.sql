@@ -7,7 +7,7 @@
 -- fragment: traced_columns
 o.id, o.kind, o.aggregate_id, o.recipient, o.delivery_key, o.status, o.attempts,
 o.max_attempts, o.created_at, o.sent_at, o.expires_at, o.leased_by, o.lease_token,
-o.lease_expires_at, o.dead_reason, o.provider_message_id
+o.lease_expires_at, o.dead_reason, o.provider_message_id, o.replacement_key, o.superseded_by
 
 -- name: trace_by_id
 -- The message with an id (its primary key).
@@ -62,7 +62,7 @@ ORDER BY r.outbox_id, r.created_at, r.scope, r.idempotency_key;
 -- The attempt history of some rows, in the order it was written.
 SELECT h.outbox_id, h.id, h.event, h.at, h.attempt, h.lease_token, h.worker_id,
        h.lease_expires_at, h.retry_delay_seconds, h.error_class, h.error, h.dead_reason,
-       h.provider_message_id
+       h.provider_message_id, h.superseded_by
 FROM {schema}.history AS h
 WHERE h.outbox_id = ANY(%(outbox_ids)s)
 ORDER BY h.outbox_id, h.id;

@@ -8,10 +8,13 @@ full recipient addresses out of it.
 
 Two duties of every provider, built in or plugged in:
 
-- **Never late.** A provider that waits before it writes a message (for a pooled connection,
-  a rate limit, a token) calls `email.raise_if_expired()` after the wait and right before the
-  first byte of the message goes out; an OTP past its `expires_at` then becomes a dead letter
-  (`expired`) instead of a late code. A send that started before the expiry may finish.
+- **Never late, never replaced.** A provider that waits before it writes a message (for a
+  pooled connection, a rate limit, a token) awaits `email.raise_if_stale()` after the wait
+  and right before the first byte of the message goes out: an OTP past its `expires_at` then
+  becomes a dead letter (`expired`) instead of a late code, and one whose replacement key
+  has a newer message committed ends `superseded` instead of arriving beside the new code.
+  A send that started before may finish. (`raise_if_expired()` is the synchronous half, for
+  a callback that cannot wait; the worker itself checks both before it calls `send`.)
 - **Say when it does not know.** When the whole message reached the provider and the answer
   was lost, raise `AmbiguousProviderError` and do not send it again yourself: the worker
   retries later with the same delivery key.
@@ -23,20 +26,29 @@ Whatever a provider returns or raises is untrusted text: the runtime sanitises a
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from email.utils import parseaddr, parsedate_to_datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from leasebox.errors import PERMANENT, MessageExpired, ProviderError, TransientProviderError
+from leasebox.errors import (
+    PERMANENT,
+    MessageExpired,
+    MessageSuperseded,
+    ProviderError,
+    TransientProviderError,
+)
 
 MAX_ERROR_LENGTH = 240
-MESSAGE_ID_DOMAIN = "leasebox"
+# The right side of a derived Message-ID when the sender names no domain (the SMTP default
+# sender is leasebox@localhost).
+FALLBACK_MESSAGE_ID_DOMAIN = "localhost"
 
 
 def _never() -> bool:
@@ -48,7 +60,9 @@ class Email:
     """One rendered message, ready for a provider; its text never shows in a repr.
 
     `expired()` says whether the message's `expires_at` has passed, on the clock the worker
-    shares with the database; `raise_if_expired()` is what a provider calls after a wait.
+    shares with the database. `superseded` is None for a message without a replacement key
+    (nothing can replace it), else a check, in the database, of whether a newer message of
+    its key has been committed. `raise_if_stale()` is what a provider awaits after a wait.
     """
 
     outbox_id: int
@@ -61,6 +75,9 @@ class Email:
     html: str | None = field(repr=False)
     attempt: int
     expired: Callable[[], bool] = field(default=_never, repr=False, compare=False)
+    superseded: Callable[[], Awaitable[bool]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def recipient_domain(self) -> str:
@@ -68,9 +85,16 @@ class Email:
         return recipient_domain(self.recipient)
 
     def raise_if_expired(self) -> None:
-        """`MessageExpired` if the message must no longer be written to the wire."""
+        """`MessageExpired` if the message is past its expiry (the check that needs no wait)."""
         if self.expired():
             raise MessageExpired()
+
+    async def raise_if_stale(self) -> None:
+        """`MessageExpired` or `MessageSuperseded` if the message must no longer be written
+        to the wire; a message without a replacement key costs no round trip."""
+        self.raise_if_expired()
+        if self.superseded is not None and await self.superseded():
+            raise MessageSuperseded()
 
 
 _new = object.__new__
@@ -87,6 +111,7 @@ def new_email(
     html: str | None,
     attempt: int,
     expired: Callable[[], bool] = _never,
+    superseded: Callable[[], Awaitable[bool]] | None = None,
 ) -> Email:
     """`Email(...)` as the worker builds one per send: the same value, made without the
     frozen dataclass's `object.__setattr__` per field, which costs a worker sending tens of
@@ -103,6 +128,7 @@ def new_email(
         html=html,
         attempt=attempt,
         expired=expired,
+        superseded=superseded,
     )
     return email
 
@@ -152,14 +178,32 @@ def recipient_domain(address: str) -> str:
     return domain.lower() if at and domain else "?"
 
 
-def derived_message_id(delivery_key: str, domain: str = MESSAGE_ID_DOMAIN) -> str:
-    """A Message-ID that is the same on every retry of one logical send.
+def key_digest(delivery_key: str) -> str:
+    """The hex digest that stands for a delivery key in headers (the Message-ID's left side,
+    `X-Leasebox-Key`, tags): nothing about the aggregate leaks into them."""
+    return hashlib.sha256(delivery_key.encode()).hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=64)
+def sender_domain(sender: str) -> str:
+    """The domain of a sender (`Example <no-reply@Example.com>` -> `example.com`), in its
+    lower-case ASCII form, or `localhost` when it has none: a Message-ID's right side."""
+    _, at, domain = parseaddr(sender)[1].rpartition("@")
+    try:
+        ascii_form = domain.encode("idna").decode("ascii").lower() if at and domain else ""
+    except UnicodeError:
+        ascii_form = ""
+    return ascii_form or FALLBACK_MESSAGE_ID_DOMAIN
+
+
+def derived_message_id(delivery_key: str, domain: str = FALLBACK_MESSAGE_ID_DOMAIN) -> str:
+    """A Message-ID that is the same on every retry of one logical send, on `domain` (the
+    sender's: some filters score an id whose right side is not a domain).
 
     Mail systems that deduplicate by Message-ID then drop the duplicate that a lost lease can
     cause; the key itself is hashed so that nothing about the aggregate leaks into headers.
     """
-    digest = hashlib.sha256(delivery_key.encode()).hexdigest()[:32]
-    return f"<{digest}@{domain}>"
+    return f"<{key_digest(delivery_key)}@{domain}>"
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:

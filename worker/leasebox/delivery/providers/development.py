@@ -14,8 +14,13 @@ import sys
 from typing import TextIO
 
 from leasebox.delivery.providers.base import Email, SendResult, derived_message_id
-from leasebox.delivery.providers.urls import parse_provider_url
+from leasebox.delivery.providers.urls import UrlOption, option_names, parse_provider_url
 from leasebox.errors import ConfigurationError
+
+LOG_OPTIONS = (UrlOption("stream", "`stdout`", "`stdout` or `stderr`: where each line goes"),)
+NULL_OPTIONS = (
+    UrlOption("delay", "`0`", "seconds each send takes, to stand in for a provider's latency"),
+)
 
 
 def log_line(email: Email, message_id: str) -> str:
@@ -101,12 +106,12 @@ def development_provider_from_url(url: str, timeout: float) -> LogProvider | Nul
             + ("stream=stderr" if parsed.scheme == "log" else "delay=0.05")
         )
     if parsed.scheme == "log":
-        parsed.reject_unknown_options(("stream",))
+        parsed.reject_unknown_options(option_names(LOG_OPTIONS))
         stream = parsed.options.get("stream", "stdout").lower()
         if stream not in ("stdout", "stderr"):
             raise ConfigurationError("log:// provider URL option 'stream' must be stdout or stderr")
         return LogProvider(use_stderr=stream == "stderr")
     if parsed.scheme == "null":
-        parsed.reject_unknown_options(("delay",))
+        parsed.reject_unknown_options(option_names(NULL_OPTIONS))
         return NullProvider(delay=parsed.float_option("delay", 0.0) if parsed.options else 0.0)
     raise ConfigurationError(f"{parsed.scheme}:// is not a development provider")

@@ -16,8 +16,9 @@ makes the next attempt wait at least that long. A connection the API drops after
 went out is ambiguous (it may have accepted it); the retry carries the same Idempotency-Key.
 
 Waits are bounded and checked: at most `MAX_CONNECTIONS` requests are in flight, a request
-waits for a slot no longer than the timeout, and the message's expiry is checked after that
-wait, right before the request is written. Readiness (`check`) is a TCP (and TLS) connect to
+waits for a slot no longer than the timeout, and the message's expiry (and, for a message
+with a replacement key, whether a newer one replaced it) is checked after that wait, right
+before the request is written. Readiness (`check`) is a TCP (and TLS) connect to
 the endpoint, cached for `check_interval` seconds so that probes cost the API nothing.
 """
 
@@ -41,7 +42,13 @@ from leasebox.delivery.providers.base import (
     acquire_slot,
     parse_retry_after,
 )
-from leasebox.delivery.providers.urls import ProviderUrl, parse_provider_url
+from leasebox.delivery.providers.urls import (
+    TIMEOUT,
+    ProviderUrl,
+    UrlOption,
+    option_names,
+    parse_provider_url,
+)
 from leasebox.errors import (
     AmbiguousProviderError,
     ConfigurationError,
@@ -51,7 +58,20 @@ from leasebox.errors import (
 )
 from leasebox.version import __version__
 
-URL_OPTIONS = ("from", "timeout", "tls_verify", "token_env")
+URL_OPTIONS = (
+    UrlOption("from", "none", "a sender, sent as the JSON body's `from`; left out when unset"),
+    UrlOption(
+        "tls_verify", "`true`", "check the server's certificate and name; `false` for tests only"
+    ),
+    TIMEOUT,
+    UrlOption(
+        "token_env",
+        "none",
+        "read the bearer token from this environment variable (else the URL's password); "
+        "every other option is passed on to the API in the query string",
+    ),
+)
+_OWN_OPTIONS = frozenset(option_names(URL_OPTIONS))
 TRANSIENT_STATUSES = frozenset({401, 403, 408, 429})
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 MESSAGE_ID_HEADER = "X-Message-Id"
@@ -166,7 +186,7 @@ class HttpProvider:
         target = self.settings.target
         await acquire_slot(self._slots, self.settings.timeout, self.settings.target)
         try:
-            email.raise_if_expired()
+            await email.raise_if_stale()
             async with session.post(
                 self.settings.endpoint,
                 json=request_body(email, self.settings.sender),
@@ -314,7 +334,7 @@ def settings_from_url(parsed: ProviderUrl, url: str, timeout: float) -> HttpSett
     netloc = parsed.host if ":" not in parsed.host else f"[{parsed.host}]"
     if parsed.port is not None:
         netloc = f"{netloc}:{parsed.port}"
-    passthrough = {k: v for k, v in parsed.options.items() if k not in URL_OPTIONS}
+    passthrough = {k: v for k, v in parsed.options.items() if k not in _OWN_OPTIONS}
     endpoint = urlunsplit((scheme, netloc, parts.path or "/", urlencode(passthrough), ""))
     return HttpSettings(
         endpoint=endpoint,

@@ -30,8 +30,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from leasebox.delivery.providers.base import Email, Outcome, SendResult, parse_retry_after
-from leasebox.delivery.providers.urls import ProviderUrl
+from leasebox.delivery.providers.base import (
+    Email,
+    Outcome,
+    SendResult,
+    parse_retry_after,
+)
+from leasebox.delivery.providers.urls import TIMEOUT, ProviderUrl, UrlOption, option_names
 from leasebox.errors import (
     ConfigurationError,
     PermanentProviderError,
@@ -40,7 +45,26 @@ from leasebox.errors import (
 )
 from leasebox.version import __version__
 
-COMMON_OPTIONS = ("from", "timeout", "endpoint", "token_env", "token_file")
+FROM = UrlOption(
+    "from", "required", "a sender the service has verified, `address` or `Name <address>`"
+)
+ENDPOINT = UrlOption(
+    "endpoint",
+    "the service's API",
+    "another API root, for a proxy or a stand-in: `https://`, or `http://` to loopback only",
+)
+COMMON_OPTIONS = (
+    FROM,
+    TIMEOUT,
+    ENDPOINT,
+    UrlOption(
+        "token_env",
+        "the service's variable",
+        "read the API key from this environment variable (else the URL's password, else the "
+        "service's usual variable)",
+    ),
+    UrlOption("token_file", "none", "read the API key from this file, e.g. a mounted Secret"),
+)
 # The most of an answer that is read: success bodies are a few hundred bytes.
 MAX_BODY_BYTES = 64 * 1024
 # A header that identifies the logical send without showing the delivery key (which may name
@@ -53,13 +77,6 @@ def _token(value: object) -> str | None:
     """`value` if it is a short code such as `validation_error` or `406`, else None."""
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
     return text if _TOKEN.fullmatch(text) else None
-
-
-def key_digest(delivery_key: str) -> str:
-    """The hex digest that `X-Leasebox-Key` and tags carry in place of the delivery key."""
-    from leasebox.delivery.providers.base import derived_message_id
-
-    return derived_message_id(delivery_key)[1:].split("@", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -343,7 +360,7 @@ def settings_for(
     path: str,
     variables: tuple[str, ...],
     timeout: float,
-    options: tuple[str, ...] = (),
+    options: tuple[UrlOption, ...] = (),
     environ: Mapping[str, str] | None = None,
 ) -> ApiSettings:
     """ApiSettings from a parsed service URL: options checked, key and sender read.
@@ -351,7 +368,7 @@ def settings_for(
     `base` is the service's API root (the `endpoint` option replaces it), `path` what a send
     POSTs to beneath it.
     """
-    parsed.reject_unknown_options((*COMMON_OPTIONS, *options))
+    parsed.reject_unknown_options(option_names((*COMMON_OPTIONS, *options)))
     if parsed.username:
         raise ConfigurationError(
             f"{parsed.scheme}:// provider URL takes no user name; put the API key in "
@@ -363,5 +380,5 @@ def settings_for(
         sender=read_sender(parsed),
         token=read_token(parsed, variables, env),
         timeout=parsed.float_option("timeout", timeout),
-        options={k: v for k, v in parsed.options.items() if k in options},
+        options={k: v for k, v in parsed.options.items() if k in option_names(options)},
     )

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from email.utils import format_datetime, formataddr, parseaddr
 from functools import lru_cache
 
-from leasebox.delivery.providers.base import Email, derived_message_id
+from leasebox.delivery.providers.base import Email, derived_message_id, sender_domain
 
 MAX_LINE = 78
 # What a 7bit body may hold: printable ASCII, tabs and line ends (control characters are
@@ -151,6 +151,10 @@ _PART_HEADERS = {
 }
 
 
+def _message_id(email: Email, sender: str) -> str:
+    return derived_message_id(email.delivery_key, sender_domain(sender))
+
+
 def build_mime(
     email: Email,
     sender: str,
@@ -169,7 +173,7 @@ def build_mime(
         header("To", recipient),
         header("Subject", " ".join(email.subject.split())),
         f"Date: {_date(now)}",
-        f"Message-ID: {message_id or derived_message_id(email.delivery_key)}",
+        f"Message-ID: {message_id or _message_id(email, sender)}",
         header("X-Leasebox-Delivery-Key", email.delivery_key),
         f"X-Leasebox-Attempt: {email.attempt}",
         "Auto-Submitted: auto-generated",

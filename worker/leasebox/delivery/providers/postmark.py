@@ -19,22 +19,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from leasebox.delivery.providers.base import Email, Outcome
+from leasebox.delivery.providers.base import Email, Outcome, key_digest
 from leasebox.delivery.providers.mail_api import (
     KEY_HEADER,
     ApiAnswer,
     ApiRequest,
     MailApiProvider,
-    key_digest,
     settings_for,
     status_error,
 )
-from leasebox.delivery.providers.urls import parse_provider_url
+from leasebox.delivery.providers.urls import UrlOption, parse_provider_url
 from leasebox.errors import ConfigurationError, ProviderError
 
 VARIABLES = ("POSTMARK_SERVER_TOKEN", "POSTMARK_API_TOKEN")
 BASE = "https://api.postmarkapp.com"
 METADATA_VALUE_LIMIT = 80
+DEFAULT_STREAM = "outbound"
+URL_OPTIONS = (
+    UrlOption("stream", f"`{DEFAULT_STREAM}`", "the Postmark message stream to send through"),
+)
 # Postmark's API error codes: those that reject the message, and those about the account.
 REJECTING = frozenset({300, 402, 403, 406, 409, 411})
 ACCOUNT = frozenset({10, 400, 401, 405, 412, 413})
@@ -57,7 +60,7 @@ class PostmarkProvider(MailApiProvider):
             "To": email.recipient,
             "Subject": email.subject,
             "TextBody": email.text,
-            "MessageStream": self.settings.options.get("stream", "outbound"),
+            "MessageStream": self.settings.options.get("stream", DEFAULT_STREAM),
             "Tag": email.kind,
             "Headers": [{"Name": KEY_HEADER, "Value": key_digest(email.delivery_key)}],
             "Metadata": {"leasebox_key": key, "leasebox_outbox_id": str(email.outbox_id)},
@@ -108,6 +111,6 @@ def postmark_provider_from_url(url: str, timeout: float) -> PostmarkProvider:
             path="/email",
             variables=VARIABLES,
             timeout=timeout,
-            options=("stream",),
+            options=URL_OPTIONS,
         )
     )

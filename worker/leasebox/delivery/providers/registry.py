@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from leasebox.delivery.providers.base import Provider
-from leasebox.delivery.providers.urls import url_scheme
+from leasebox.delivery.providers.urls import UrlOption, url_scheme
 from leasebox.errors import ConfigurationError
 
 ENTRY_POINT_GROUP = "leasebox.providers"
@@ -149,3 +149,19 @@ def credential_values(url: str, environ: Mapping[str, str]) -> list[str]:
             found.append(Path(path).read_text("utf-8"))
     found.extend(environ.get(v, "") for v in CREDENTIAL_VARIABLES.get(parsed.scheme, ()))
     return [value.strip() for value in found if value.strip()]
+
+
+def url_options() -> list[tuple[tuple[str, ...], tuple[UrlOption, ...]]]:
+    """The options of every built-in scheme's URL, by the schemes that share them: what each
+    provider accepts (it refuses any other), and what the README's reference table shows."""
+    from leasebox.delivery.providers import development, http, mail_api, postmark, ses, smtp
+
+    return [
+        (("smtp", "smtps"), smtp.URL_OPTIONS),
+        (("http", "https"), http.URL_OPTIONS),
+        (("sendgrid", "postmark", "mailgun", "resend"), mail_api.COMMON_OPTIONS),
+        (("postmark",), postmark.URL_OPTIONS),
+        (("ses",), ses.URL_OPTIONS),
+        (("log",), development.LOG_OPTIONS),
+        (("null",), development.NULL_OPTIONS),
+    ]

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from leasebox.delivery.providers.base import Email, Outcome
+from leasebox.delivery.providers.base import Email, Outcome, key_digest
 from leasebox.delivery.providers.mail_api import (
     KEY_HEADER,
     ApiAnswer,
     ApiRequest,
     MailApiProvider,
-    key_digest,
     settings_for,
     status_error,
 )

@@ -18,14 +18,13 @@ from __future__ import annotations
 from email.utils import parseaddr
 from typing import Any
 
-from leasebox.delivery.providers.base import Email
+from leasebox.delivery.providers.base import Email, key_digest
 from leasebox.delivery.providers.mail_api import (
     KEY_HEADER,
     ApiAnswer,
     ApiRequest,
     MailApiProvider,
     _token,
-    key_digest,
     seconds_until,
     settings_for,
     status_error,

@@ -28,9 +28,21 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from leasebox.delivery.providers.base import Email, Outcome, SendResult, parse_retry_after
-from leasebox.delivery.providers.mail_api import KEY_HEADER, key_digest, read_endpoint, read_sender
-from leasebox.delivery.providers.urls import parse_provider_url
+from leasebox.delivery.providers.base import (
+    Email,
+    Outcome,
+    SendResult,
+    key_digest,
+    parse_retry_after,
+)
+from leasebox.delivery.providers.mail_api import (
+    ENDPOINT,
+    FROM,
+    KEY_HEADER,
+    read_endpoint,
+    read_sender,
+)
+from leasebox.delivery.providers.urls import TIMEOUT, UrlOption, option_names, parse_provider_url
 from leasebox.errors import (
     ConfigurationError,
     PermanentProviderError,
@@ -38,7 +50,12 @@ from leasebox.errors import (
     TransientProviderError,
 )
 
-OPTIONS = ("from", "timeout", "endpoint", "configuration_set")
+URL_OPTIONS = (
+    FROM,
+    TIMEOUT,
+    ENDPOINT,
+    UrlOption("configuration_set", "none", "the SES configuration set to send with"),
+)
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 REJECTING = frozenset({"MessageRejected", "BadRequestException"})
@@ -235,7 +252,7 @@ def ses_provider_from_url(url: str, timeout: float) -> SesProvider:
     except ImportError:
         raise ConfigurationError("ses:// needs the AWS SDK: pip install 'leasebox[ses]'") from None
     parsed = parse_provider_url(url)
-    parsed.reject_unknown_options(OPTIONS)
+    parsed.reject_unknown_options(option_names(URL_OPTIONS))
     region = (parsed.host or "").lower()
     if parsed.username or parsed.password is not None:
         raise ConfigurationError(

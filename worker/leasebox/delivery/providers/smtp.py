@@ -21,7 +21,9 @@ the pooled connection serves the next message.
 Waiting for a free connection is bounded by the timeout, and the message's expiry is checked
 after every wait: once the connection is ours, before the envelope, and again right before
 the message's first byte (after the replies to MAIL, RCPT and DATA). An OTP that expired
-meanwhile is never written to the wire.
+meanwhile is never written to the wire. A message with a replacement key is also checked in
+the database at that last point, after the 354 (the server waits meanwhile): one that a newer
+message of its key replaced ends `superseded` without a byte of it sent.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from leasebox.delivery.providers.base import (
     Slots,
     derived_message_id,
     one_line,
+    sender_domain,
 )
 from leasebox.delivery.providers.mime import build_mime
 from leasebox.delivery.providers.smtp_wire import (
@@ -53,7 +56,13 @@ from leasebox.delivery.providers.smtp_wire import (
     SmtpWire,
     WireError,
 )
-from leasebox.delivery.providers.urls import ProviderUrl, parse_provider_url
+from leasebox.delivery.providers.urls import (
+    TIMEOUT,
+    ProviderUrl,
+    UrlOption,
+    option_names,
+    parse_provider_url,
+)
 from leasebox.errors import (
     AmbiguousProviderError,
     ConfigurationError,
@@ -65,7 +74,29 @@ from leasebox.messages import ascii_domain
 
 DEFAULT_SENDER = "leasebox@localhost"
 DEFAULT_POOL_SIZE = 8
-URL_OPTIONS = ("from", "pool_size", "starttls", "timeout", "tls_verify")
+URL_OPTIONS = (
+    UrlOption(
+        "from",
+        f"`{DEFAULT_SENDER}`",
+        "the sender, `address` or `Name <address>` (percent-encoded: `no-reply%40example.com`); "
+        "its domain is the right side of every Message-ID",
+    ),
+    UrlOption(
+        "starttls",
+        "`auto`",
+        "`auto` upgrades when the server offers STARTTLS, `true` refuses a server that does "
+        "not, `false` never upgrades (`smtp://` only; `smtps://` is TLS from the start)",
+    ),
+    UrlOption(
+        "tls_verify", "`true`", "check the server's certificate and name; `false` for tests only"
+    ),
+    TIMEOUT,
+    UrlOption(
+        "pool_size",
+        f"`{DEFAULT_POOL_SIZE}`",
+        "authenticated connections kept open and used at once",
+    ),
+)
 _CONNECTION_ERRORS = (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPConnectError, OSError)
 
 
@@ -95,6 +126,11 @@ class SmtpSettings:
     @property
     def envelope_sender(self) -> str:
         return _envelope_sender(self.sender)
+
+    @property
+    def message_id_domain(self) -> str:
+        """The sender's domain: the right side of every Message-ID this provider writes."""
+        return sender_domain(self.sender)
 
 
 @lru_cache(maxsize=16)
@@ -150,7 +186,7 @@ class SmtpProvider:
             raise TransientProviderError("closed", "the SMTP provider is closed")
         # The address on the wire and the Message-ID serve both the message and its envelope.
         recipient = wire_address(email.recipient)
-        message_id = derived_message_id(email.delivery_key)
+        message_id = derived_message_id(email.delivery_key, self.settings.message_id_domain)
         try:
             message = build_mime(
                 email, self.settings.sender, recipient=recipient, message_id=message_id
@@ -248,8 +284,11 @@ class SmtpProvider:
         self, wire: SmtpWire, email: Email, envelope: tuple[bytes, bytes], message: bytes
     ) -> None:
         email.raise_if_expired()  # the connection is ours: nothing of the message is out yet
+        # A message that a newer one may replace is checked in the database at the 354, right
+        # before its first byte; any other goes out at once.
+        gate = email.raise_if_stale if email.superseded is not None else None
         try:
-            reply = await wire.transaction(*envelope, message, email.raise_if_expired)
+            reply = await wire.transaction(*envelope, message, email.raise_if_expired, gate)
         except Refused as refused:
             await self._reset(wire)
             what = "refused the recipient" if refused.step is RCPT else "rejected the message"
@@ -401,7 +440,7 @@ def _sender(value: str) -> str:
 
 def settings_from_url(parsed: ProviderUrl, timeout: float) -> SmtpSettings:
     """SmtpSettings from a parsed `smtp://` or `smtps://` URL."""
-    parsed.reject_unknown_options(URL_OPTIONS)
+    parsed.reject_unknown_options(option_names(URL_OPTIONS))
     scheme = parsed.scheme
     if not parsed.host:
         raise ConfigurationError(f"{scheme}:// provider URL needs a host, e.g. {scheme}://mail:25")

@@ -24,14 +24,17 @@ the one before.
 Every reply is awaited at most `timeout` seconds. The message's bytes begin after the 354:
 only from then on is an outcome ambiguous (`message_sent`). Right before them `before_message`
 runs (the expiry check); if it raises, the connection is closed, since the server waits for
-data that must not come, and the message was never written.
+data that must not come, and the message was never written. A transaction given a `gate` (a
+check that must wait, such as asking the database whether a newer message replaced this one)
+pauses at the 354: the sending task awaits the gate, then the message goes out; the fast path
+of an ungated transaction, one wake-up per message, stays as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 MAX_REPLY_LINE = 8192
@@ -143,6 +146,10 @@ def _nothing_to_check() -> None:
     return None
 
 
+# What the server's 354 settles a gated transaction's envelope with: the message waits.
+_AT_DATA = Reply(354, "waiting for the gate")
+
+
 class SmtpWire(asyncio.Protocol):
     """One established SMTP connection: its transactions and single commands, one at a time."""
 
@@ -166,6 +173,7 @@ class SmtpWire(asyncio.Protocol):
         self._recipient = b""
         self._message = b""
         self._before_message: Callable[[], None] = _nothing_to_check
+        self._gated = False
         self._broken = False
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
@@ -198,24 +206,43 @@ class SmtpWire(asyncio.Protocol):
         recipient: bytes,
         message: bytes,
         before_message: Callable[[], None] = _nothing_to_check,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> Reply:
         """Send `message` from `mail_from` to `recipient` (addresses as the command line
         writes them, without brackets); the server's reply to the message, whatever it is.
 
         Raises `Refused` when the server refused MAIL, RCPT or DATA (the envelope is then
         open: RSET it), `WireError` when the connection broke, timed out or said something
-        unreadable (it is then closed), or whatever `before_message` raised (closed too).
+        unreadable (it is then closed), or whatever `gate` or `before_message` raised (closed
+        too). `gate` is awaited after the 354, before `before_message` and the message.
         """
         size = b" SIZE=%d" % len(message) if self.announces_size else b""
         mail = b"MAIL FROM:<%s>%s\r\n" % (mail_from, size)
         rcpt = b"RCPT TO:<%s>\r\n" % recipient
-        self._message = data_lines(message)
+        body = data_lines(message)
+        self._message = body
         self._before_message = before_message
-        if self.pipelining:
-            self._recipient = b""
-            return await self._exchange(mail + rcpt + b"DATA\r\n", (MAIL, RCPT, DATA))
-        self._recipient = rcpt
-        return await self._exchange(mail, (MAIL,))
+        self._gated = gate is not None
+        try:
+            if self.pipelining:
+                self._recipient = b""
+                reply = await self._exchange(mail + rcpt + b"DATA\r\n", (MAIL, RCPT, DATA))
+            else:
+                self._recipient = rcpt
+                reply = await self._exchange(mail, (MAIL,))
+        finally:
+            self._gated = False
+        if gate is None or reply is not _AT_DATA:
+            return reply
+        # The server waits for the message: the last check before its first byte.
+        try:
+            await gate()
+        except BaseException:
+            self.close()
+            raise
+        self._message = body
+        self._before_message = before_message
+        return await self._exchange(b"", (), message=True)
 
     async def command(self, line: bytes, timeout: float | None = None) -> Reply:  # noqa: ASYNC109
         """One command (`RSET`, `NOOP`, `QUIT`, without its line end) and its reply."""
@@ -226,7 +253,11 @@ class SmtpWire(asyncio.Protocol):
         data: bytes,
         steps: tuple[str, ...],
         timeout: float | None = None,  # noqa: ASYNC109
+        *,
+        message: bool = False,
     ) -> Reply:
+        """Write `data` (or, with `message`, the transaction's message) and await the reply
+        that ends the exchange."""
         if self._outcome is not None:
             raise RuntimeError("the connection is already in a transaction")
         self.message_sent = False
@@ -238,7 +269,10 @@ class SmtpWire(asyncio.Protocol):
         try:
             if self._buffer:  # the start of a reply nobody asked for
                 self.close()
-            self._write(data, steps)
+            if message:
+                self._write_message()
+            else:
+                self._write(data, steps)
             return await outcome
         except asyncio.CancelledError:
             self.close()  # where the conversation stands is no longer known
@@ -319,6 +353,8 @@ class SmtpWire(asyncio.Protocol):
                 self._refuse(step, reply)
             elif self._refusal is not None:
                 self._write(b".\r\n", (_DOT,))
+            elif self._gated:
+                self._final = _AT_DATA
             else:
                 self._write_message()
         elif step is not _DOT:  # the message's reply, or a single command's

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -22,6 +22,28 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _OPTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,40}$")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class UrlOption:
+    """One `?name=value` option a provider's URL takes: the provider accepts exactly the
+    options it declares, and the README's reference table is rendered from them."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+def option_names(options: Iterable[UrlOption]) -> tuple[str, ...]:
+    return tuple(option.name for option in options)
+
+
+# The option every provider that talks to a server takes, with its one meaning.
+TIMEOUT = UrlOption(
+    "timeout",
+    "`--provider-timeout` (10)",
+    "seconds one request may take, and the longest wait for a free connection",
+)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connections
 from django.db.transaction import TransactionManagementError
 
+from leasebox.catalogue import Catalogue
 from leasebox.errors import ConfigurationError
 from leasebox.messages import OutboxMessage, Receipt
 from leasebox.producer.django.conf import read_settings
@@ -34,6 +35,7 @@ def enqueue(
     receipt_ttl_seconds: float | None = None,
     schema: str | None = None,
     cipher: PayloadCipher | None = None,
+    catalogue: Catalogue | None = None,
     using: str | None = None,
 ) -> Receipt:
     """`leasebox.enqueue` inside the current `transaction.atomic()` of connection `using`.
@@ -67,6 +69,7 @@ def enqueue(
             else configured.receipt_ttl_seconds
         ),
         cipher=cipher or configured.cipher(),
+        catalogue=catalogue,
     )
     with connection.cursor() as cursor:
 

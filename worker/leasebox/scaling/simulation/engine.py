@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from leasebox.scaling.policy import Observation, PolicyState, ScalingSpec, decide
@@ -94,10 +94,11 @@ class PoolView:
 
 
 class Controller(Protocol):
-    """A scaling policy under test."""
+    """A scaling policy under test; `warning` is the first quota warning it gave and when."""
 
     policy: str
     setting: str
+    warning: tuple[float, str] | None
 
     @property
     def interval(self) -> int:
@@ -117,6 +118,7 @@ class LeaseboxController:
     policy: str = "leasebox"
     setting: str = "default"
     state: PolicyState = field(default_factory=PolicyState)
+    warning: tuple[float, str] | None = None
 
     @property
     def interval(self) -> int:
@@ -138,6 +140,9 @@ class LeaseboxController:
         )
         decision = decide(observation, self.spec, self.state)
         self.state = decision.state
+        outlook = decision.quota
+        if self.warning is None and outlook is not None and not outlook.sufficient:
+            self.warning = (view.now, outlook.message)
         return decision.replicas
 
 
@@ -149,6 +154,7 @@ class HpaController:
     policy: str
     setting: str
     state: HpaState = field(default_factory=HpaState)
+    warning: tuple[float, str] | None = None
 
     @property
     def interval(self) -> int:
@@ -179,6 +185,8 @@ class RunResult:
             on both seconds over the SLA and worker-seconds and better on one.
         oldest_age: the oldest ready age at the end of each second.
         replicas: the requested replicas at the end of each second.
+        warning: when the policy first said the quota would breach the SLA, and how.
+        sla: the SLA the run was judged on.
     """
 
     policy: str
@@ -190,6 +198,13 @@ class RunResult:
     on_pareto_front: bool = False
     oldest_age: tuple[float, ...] = field(default=(), repr=False)
     replicas: tuple[int, ...] = field(default=(), repr=False)
+    warning: tuple[float, str] | None = None
+    sla: float = field(default=0.0, repr=False)
+
+    @property
+    def first_over_sla(self) -> int | None:
+        """The first second at whose end the oldest message was past the SLA."""
+        return next((t for t, age in enumerate(self.oldest_age) if age > self.sla), None)
 
 
 def _initial_replicas(workload: Workload, config: SimulationConfig) -> int:
@@ -215,6 +230,8 @@ def run_simulation(
     ages: list[float] = []
     replica_log: list[int] = []
     spread = config.throughput_spread
+    quota = workload.quota_per_second
+    tokens = quota or 0.0
     for t in range(workload.duration):
         while starting and starting[0] <= t:
             starting.popleft()
@@ -229,6 +246,10 @@ def run_simulation(
             capacity = max(0.0, ready_pods * workload.throughput[t] * jitter)
         budget = capacity + carry
         can_send = min(queued, int(budget))
+        if quota is not None:
+            # The account's tokens: `quota` a second, at most a second's worth kept.
+            can_send = min(can_send, int(tokens))
+            tokens = min(quota, tokens - can_send) + quota
         remaining = can_send
         while remaining:
             head = queue[0]
@@ -283,12 +304,17 @@ def run_simulation(
         scale_events=events,
         oldest_age=tuple(ages),
         replicas=tuple(replica_log),
+        warning=controller.warning,
+        sla=config.sla_seconds,
     )
 
 
-def controllers(config: SimulationConfig) -> list[Controller]:
-    """The leasebox policy and both swept HPA baselines, fresh for one run each."""
-    made: list[Controller] = [LeaseboxController(config.scaling_spec())]
+def controllers(config: SimulationConfig, quota: float | None = None) -> list[Controller]:
+    """The leasebox policy (told the provider `quota`, as the operator is) and both swept
+    HPA baselines, fresh for one run each."""
+    made: list[Controller] = [
+        LeaseboxController(replace(config.scaling_spec(), quota_per_second=quota))
+    ]
     limits = {"min_replicas": config.min_replicas, "max_replicas": config.max_replicas}
     for target in config.backlog_targets:
         spec = HpaSpec("backlog", target, "AverageValue", **limits)

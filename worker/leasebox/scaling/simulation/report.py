@@ -9,6 +9,7 @@ one is asked for, so the command needs nothing beyond the standard library.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +48,9 @@ class ScenarioComparison:
     description: str
     burst: bool
     results: tuple[RunResult, ...]
+    quota_per_second: float | None = None
+    quota_workers: int | None = None
+    """The workers the quota keeps busy at the nominal per-worker throughput."""
 
     @property
     def leasebox(self) -> RunResult:
@@ -65,8 +69,10 @@ class Claim:
 
     Attributes:
         scenario: the workload.
-        name: "meets-sla", "cheapest-on-bursts" or "not-dominated".
-        applicable: False where the claim is not made (cheapest only on bursts).
+        name: "meets-sla", "cheapest-on-bursts", "not-dominated", and under a provider
+            quota "within-quota" and "warns-before-breach".
+        applicable: False where the claim is not made (cheapest only on bursts; the SLA
+            where arrivals exceed the quota, which no policy can meet).
         holds: whether it holds (True when not applicable).
         detail: the figures behind the verdict.
     """
@@ -94,8 +100,12 @@ def compare(
     workload: Workload, config: SimulationConfig, *, burst: bool = False
 ) -> ScenarioComparison:
     """Run every policy setting on one workload, on the same arrivals and noise."""
-    results = [run_simulation(workload, c, config) for c in controllers(config)]
-    return ScenarioComparison(workload.name, workload.description, burst, _pareto(results))
+    quota = workload.quota_per_second
+    results = [run_simulation(workload, c, config) for c in controllers(config, quota)]
+    workers = None if quota is None else math.ceil(quota / config.worker_throughput)
+    return ScenarioComparison(
+        workload.name, workload.description, burst, _pareto(results), quota, workers
+    )
 
 
 def _fmt(result: RunResult) -> str:
@@ -110,16 +120,18 @@ def policy_verdicts(comparisons: Sequence[ScenarioComparison]) -> list[Claim]:
     claims: list[Claim] = []
     for comp in comparisons:
         mine = comp.leasebox
-        claims.append(
-            Claim(
-                comp.scenario,
-                "meets-sla",
-                True,
-                mine.seconds_over_sla == 0,
-                f"{mine.seconds_over_sla}s over SLA, worst oldest age "
-                f"{mine.max_oldest_age_seconds:.1f}s",
-            )
+        figures = (
+            f"{mine.seconds_over_sla}s over SLA, worst oldest age "
+            f"{mine.max_oldest_age_seconds:.1f}s"
         )
+        if comp.quota_per_second is None:
+            claims.append(
+                Claim(comp.scenario, "meets-sla", True, mine.seconds_over_sla == 0, figures)
+            )
+        else:
+            figures = f"arrivals exceed the quota of {comp.quota_per_second:g}/s: {figures}"
+            claims.append(Claim(comp.scenario, "meets-sla", False, True, figures))
+            claims += _quota_claims(comp)
         if comp.burst:
             beaten = [
                 b
@@ -156,6 +168,32 @@ def policy_verdicts(comparisons: Sequence[ScenarioComparison]) -> list[Claim]:
             detail = "every baseline setting is over the SLA for longer"
         claims.append(Claim(comp.scenario, "not-dominated", True, not better, detail))
     return claims
+
+
+def _quota_claims(comp: ScenarioComparison) -> list[Claim]:
+    """Under a quota: no more workers than it keeps busy, and a warning before the breach."""
+    mine = comp.leasebox
+    most = max(mine.replicas, default=0)
+    allowed = (comp.quota_workers or 0) + 1  # measured throughput runs a little under nominal
+    within = Claim(
+        comp.scenario,
+        "within-quota",
+        True,
+        most <= allowed,
+        f"at most {most} replicas; the quota keeps {comp.quota_workers} busy at the nominal "
+        f"throughput; the baselines asked for up to "
+        f"{max((max(b.replicas, default=0) for b in comp.baselines), default=0)}",
+    )
+    breach, warning = mine.first_over_sla, mine.warning
+    if breach is None:
+        detail, holds = "the SLA was never breached", True
+    elif warning is None:
+        detail, holds = f"over the SLA from {breach}s on without a quota warning", False
+    else:
+        detail = f"warned at {warning[0]:.0f}s, {breach - warning[0]:.0f}s before the breach: "
+        detail += warning[1]
+        holds = warning[0] <= breach
+    return [within, Claim(comp.scenario, "warns-before-breach", True, holds, detail)]
 
 
 def baselines_meeting_sla_everywhere(comparisons: Sequence[ScenarioComparison]) -> list[str]:
@@ -226,6 +264,7 @@ def to_json(comparisons: Sequence[ScenarioComparison], config: SimulationConfig)
                 "name": comp.scenario,
                 "description": comp.description,
                 "burst": comp.burst,
+                "quota_per_second": comp.quota_per_second,
                 "results": [
                     {
                         "policy": r.policy,

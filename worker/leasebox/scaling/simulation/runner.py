@@ -30,6 +30,7 @@ from leasebox.scaling.simulation.report import (
 )
 from leasebox.scaling.simulation.scenarios import (
     BURST_SCENARIOS,
+    QUOTAS,
     SCENARIOS,
     TraceError,
     Workload,
@@ -67,6 +68,7 @@ def scenario_workload(name: str, config: SimulationConfig) -> Workload:
         duration=config.duration_seconds,
         seed=config.seed,
         worker_throughput=config.worker_throughput,
+        quota_per_second=QUOTAS.get(name),
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 __all__ = [
     "BURST_SCENARIOS",
+    "QUOTAS",
     "SCENARIOS",
     "RatePoint",
     "TraceError",
@@ -55,6 +56,9 @@ class Workload:
         noise: one standard-normal draw per second; a pool of n ready workers
             sends `n * throughput * (1 + sigma * noise / sqrt(n))` in that second,
             as the sum of n independent workers with relative spread sigma would.
+        quota_per_second: the provider account's send quota, which no number of
+            workers exceeds (None: none); the leasebox policy is told it, as the
+            operator is by the pool's spec.
     """
 
     name: str
@@ -62,6 +66,7 @@ class Workload:
     arrivals: tuple[int, ...]
     throughput: tuple[float, ...]
     noise: tuple[float, ...]
+    quota_per_second: float | None = None
 
     @property
     def duration(self) -> int:
@@ -99,6 +104,11 @@ def _normal_speed(t: int, duration: int) -> float:
     return 1.0
 
 
+def _surge(t: int, duration: int) -> float:
+    start = _event_start(duration)
+    return BASE_ARRIVALS * (3.0 if start <= t < start + 600 else 1.0)
+
+
 def _slowdown_speed(t: int, duration: int) -> float:
     start = _event_start(duration)
     return 0.5 if start <= t < start + 600 else 1.0
@@ -114,8 +124,16 @@ SCENARIOS: dict[str, tuple[str, RateFn, RateFn]] = {
         _slowdown_speed,
     ),
     "flash-crowd": ("30 msg/s with a 50x flash crowd for 30 seconds", _flash_crowd, _normal_speed),
+    "provider-quota": (
+        "30 msg/s with a 3x surge for ten minutes, into an account quota of 50 msg/s",
+        _surge,
+        _normal_speed,
+    ),
 }
 """Built-in scenarios: name -> (description, arrival rate, relative worker speed)."""
+
+QUOTAS: dict[str, float] = {"provider-quota": 50.0}
+"""The provider quota of the scenarios that have one, messages per second."""
 
 BURST_SCENARIOS = frozenset({"login-burst", "flash-crowd"})
 """Scenarios on which the policy must also be the cheapest."""
@@ -143,6 +161,7 @@ def build_workload(
     duration: int,
     seed: int,
     worker_throughput: float,
+    quota_per_second: float | None = None,
 ) -> Workload:
     """Draw a workload: the same seed gives the same messages and the same noise."""
     if duration <= 0:
@@ -152,7 +171,7 @@ def build_workload(
     arrivals = tuple(_poisson(arrival_rng, rate(t, duration)) for t in range(duration))
     throughput = tuple(worker_throughput * speed(t, duration) for t in range(duration))
     noise = tuple(noise_rng.gauss(0.0, 1.0) for _ in range(duration))
-    return Workload(name, description, arrivals, throughput, noise)
+    return Workload(name, description, arrivals, throughput, noise, quota_per_second)
 
 
 def load_trace(path: Path) -> list[RatePoint]:
