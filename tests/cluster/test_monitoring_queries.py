@@ -6,7 +6,9 @@ node) polls a pool's backlog in the same database. Prometheus scrapes both every
 labelling the worker the way the chart's PodMonitor does. Then every alert expression and
 every dashboard panel query is evaluated through Prometheus's HTTP API: each must parse and
 evaluate without error, and each metric selector in it must return series. A misspelled
-metric or label name fails here.
+metric or label name fails here. The pool's provider quota is far below the rate at which a
+trickle of messages arrives, so the series that exist only while arrivals exceed a quota
+exist too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +44,39 @@ SELECTOR = re.compile(r"\b(leasebox_[a-z_]+)(\{[^}]*\})?")
 def plaintext_secrets_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The codes enqueued here are test data for the metrics: they opt in to plaintext."""
     monkeypatch.setenv(PLAINTEXT_VARIABLE, "1")
+
+
+# One message a day: any arrival rate exceeds it.
+QUOTA = {"messages": 1, "perSeconds": 86400}
+
+
+def enqueue_otps(db_dsn: str, prefix: str, count: int) -> None:
+    with psycopg.connect(db_dsn) as conn:
+        for i in range(count):
+            message = OutboxMessage(
+                kind="otp", recipient=f"{prefix}{i}@example.com", secrets={"code": f"{i:06}"}
+            )
+            enqueue(conn, message)
+
+
+@contextlib.contextmanager
+def trickle(db_dsn: str) -> Iterator[None]:
+    """Messages arriving all along, one every 0.2 s, so arrivals exceed the quota."""
+    stop = threading.Event()
+
+    def run() -> None:
+        n = 0
+        while not stop.wait(0.2):
+            enqueue_otps(db_dsn, f"trickle{n}-", 1)
+            n += 1
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 @pytest.fixture
@@ -84,7 +120,9 @@ def test_every_alert_and_dashboard_query_answers_from_real_scrapes(
     kube.create("v1", "secrets", secret("leasebox-database", "dsn", db_dsn, namespace), namespace)
     kube.create("v1", "secrets", secret("leasebox-provider", "url", "log://", namespace), namespace)
     scaling = {"minReplicas": 1, "maxReplicas": 4, "pollIntervalSeconds": 1}
-    pool = pool_body(POOL_NAME, namespace, scaling=scaling, sla={"oldestPendingAgeSeconds": 60})
+    provider = {"secretRef": {"name": "leasebox-provider"}, "quota": QUOTA}
+    sla = {"oldestPendingAgeSeconds": 60}
+    pool = pool_body(POOL_NAME, namespace, scaling=scaling, sla=sla, provider=provider)
     kube.create(*POOLS, pool, namespace)
     (operator_pod, *_) = running_operator_pods(kube, kubelet, release, RELEASE)
     operator_port = kubelet.host_port(release, operator_pod, "http-metrics")
@@ -98,49 +136,47 @@ def test_every_alert_and_dashboard_query_answers_from_real_scrapes(
     variables = {"namespace": namespace, "pool": POOL_NAME, "__rate_interval": "1m"}
     server = prometheus.start()
     try:
-        wait_for(prometheus.targets_up, what="both scrape targets up", timeout=30)
-        wait_for(
-            lambda: prometheus.has_series(f'leasebox_pool_sla_seconds{{namespace="{namespace}"}}'),
-            what="the pool's operator series",
-            timeout=30,
-        )
-        wait_for(lambda: prometheus.has_series("leasebox_sent_total"), what="worker series")
-        with psycopg.connect(db_dsn) as conn:
-            for i in range(20):
-                message = OutboxMessage(
-                    kind="otp", recipient=f"late{i}@example.com", secrets={"code": f"{i:06}"}
-                )
-                enqueue(conn, message)
-        wait_for(
-            lambda: prometheus.has_series("rate(leasebox_sent_total[1m]) > 0"),
-            what="a send rate",
-            timeout=30,
-        )
-
-        expressions = {
-            **{f"alert {k}": v for k, v in alert_expressions().items()},
-            **{f"panel {k}": v for k, v in dashboard_expressions(variables).items()},
-        }
-        # Every series appears once its process has had a reason to report it (the
-        # operator its first decision for the pool): wait for all, then judge each.
-        selectors = {
-            m + labels for expr in expressions.values() for m, labels in SELECTOR.findall(expr)
-        }
-        with contextlib.suppress(AssertionError):  # the assertion below names what lacks
+        with trickle(db_dsn):
+            wait_for(prometheus.targets_up, what="both scrape targets up", timeout=30)
             wait_for(
-                lambda: all(prometheus.has_series(s) for s in selectors),
-                what="every series the queries select",
-                timeout=60,
+                lambda: prometheus.has_series(
+                    f'leasebox_pool_sla_seconds{{namespace="{namespace}"}}'
+                ),
+                what="the pool's operator series",
+                timeout=30,
             )
-        failures: list[str] = []
-        for name, expr in expressions.items():
-            answer = prometheus.query(expr)
-            if answer.get("status") != "success" or answer.get("warnings"):
-                failures.append(f"{name}: {answer.get('error') or answer.get('warnings')}")
-                continue
-            for metric, labels in SELECTOR.findall(expr):
-                if not prometheus.has_series(metric + labels):
-                    failures.append(f"{name}: no series for {metric + labels}")
+            wait_for(lambda: prometheus.has_series("leasebox_sent_total"), what="worker series")
+            enqueue_otps(db_dsn, "late", 20)
+            wait_for(
+                lambda: prometheus.has_series("rate(leasebox_sent_total[1m]) > 0"),
+                what="a send rate",
+                timeout=30,
+            )
+
+            expressions = {
+                **{f"alert {k}": v for k, v in alert_expressions().items()},
+                **{f"panel {k}": v for k, v in dashboard_expressions(variables).items()},
+            }
+            # Every series appears once its process has had a reason to report it (the
+            # operator its first decision for the pool): wait for all, then judge each.
+            selectors = {
+                m + labels for expr in expressions.values() for m, labels in SELECTOR.findall(expr)
+            }
+            with contextlib.suppress(AssertionError):  # the assertion below names what lacks
+                wait_for(
+                    lambda: all(prometheus.has_series(s) for s in selectors),
+                    what="every series the queries select",
+                    timeout=60,
+                )
+            failures: list[str] = []
+            for name, expr in expressions.items():
+                answer = prometheus.query(expr)
+                if answer.get("status") != "success" or answer.get("warnings"):
+                    failures.append(f"{name}: {answer.get('error') or answer.get('warnings')}")
+                    continue
+                for metric, labels in SELECTOR.findall(expr):
+                    if not prometheus.has_series(metric + labels):
+                        failures.append(f"{name}: no series for {metric + labels}")
     finally:
         server.terminate()
         server.wait(timeout=30)
