@@ -172,7 +172,8 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
             ).fetchall()
         )
 
-    assert [m.version for m in migrate(empty_db_dsn)] == [4]
+    later = [m.version for m in available_migrations() if m.version >= 4]
+    assert [m.version for m in migrate(empty_db_dsn)] == later
 
     with psycopg.connect(empty_db_dsn) as conn:
         found = {
