@@ -3,20 +3,8 @@ reads its figures from the history; its verdict is arithmetic (never judged on s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from bench.burst import FRESH, NEVER_ANALYSED, BurstRun, drain_burst, evaluate
 from bench.pgserver import BenchServer
-
-
-@pytest.fixture
-def bench_server(server_dsn: str) -> Iterator[BenchServer]:
-    server = BenchServer(server_dsn)
-    try:
-        yield server
-    finally:
-        server.drop_all()
 
 
 def test_a_tiny_burst_drains_exactly_once_with_and_without_statistics(

@@ -14,7 +14,15 @@ import psycopg
 import pytest
 
 from leasebox.db.queries import query
-from support.plans import analyze, full_scans, generic_plan_of, indexes, nodes, reads
+from support.plans import (
+    CLAIM_PARAMETERS,
+    analyze,
+    full_scans,
+    generic_plan_of,
+    indexes,
+    nodes,
+    reads,
+)
 
 # A burst big enough for a planner without statistics to claim through the wrong index
 # before migration 0009 (50,000 rows, not 20,000), and a small one, whose day partition a
@@ -33,16 +41,6 @@ WITH m AS (
 INSERT INTO leasebox.queue (id, bucket, kind, delivery_key, available_at, created_at)
 SELECT id, bucket, kind, delivery_key, created_at, created_at FROM m
 """
-CLAIM = {
-    "kinds": ["otp"],
-    "after_at": [None],
-    "after_id": [None],
-    "now": None,
-    "limit": 100,
-    "lease_seconds": 45,
-    "worker_id": "w",
-}
-# The settling statements, each with a batch of two rows (their ids and tokens are added).
 SETTLING: dict[str, dict[str, Any]] = {
     "mark_sent": {"provider_message_ids": [None, None]},
     "schedule_retry": {"delays": [1.0, 1.0], "errors": ["e", "e"], "error_classes": ["x", "x"]},
@@ -103,7 +101,7 @@ def _queue_reads(plan: Any) -> set[str]:
 def test_the_claim_reads_its_batch_in_the_ready_index_order_whatever_the_statistics(
     burst: psycopg.Connection[Any], name: str
 ) -> None:
-    plan = generic_plan_of(burst, query(name), CLAIM)
+    plan = generic_plan_of(burst, query(name), CLAIM_PARAMETERS)
     scan = _locked_scan(plan)
     # Read in the claim's order and locked as read: no sort of every pending row before it.
     assert (scan["Node Type"], scan.get("Index Name")) == ("Index Scan", "queue_ready_idx"), scan
@@ -121,7 +119,9 @@ def test_the_claim_reads_its_batch_in_the_ready_index_order_whatever_the_statist
 def test_a_settling_statement_finds_each_row_by_its_key_whatever_the_statistics(
     burst: psycopg.Connection[Any], name: str
 ) -> None:
-    claimed = burst.execute(query("claim_without_content"), {**CLAIM, "limit": 2}).fetchall()
+    claimed = burst.execute(
+        query("claim_without_content"), {**CLAIM_PARAMETERS, "limit": 2}
+    ).fetchall()
     burst.commit()
     params = {
         **SETTLING[name],
