@@ -88,10 +88,6 @@ def _locked_scan(plan: Any) -> dict[str, Any]:
     return dict(scan)
 
 
-def _queue_reads(plan: Any) -> set[str]:
-    return {r for r in reads(plan) if r.endswith(" on queue") or " using queue_" in r}
-
-
 @pytest.mark.parametrize(
     "burst",
     [*STATES, pytest.param((SMALL_BURST, False), id="small, never analysed")],
