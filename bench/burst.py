@@ -90,7 +90,9 @@ def enqueue_burst(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn) as conn:
         for start in range(0, rows, BATCH):
             messages = [
-                OutboxMessage(kind="otp", recipient=f"user{i}@example.com", data={"n": i})
+                OutboxMessage(
+                    kind="otp", recipient=f"user{i}@example.com", data={"code": f"{i:06}"}
+                )
                 for i in range(start, min(start + BATCH, rows))
             ]
             with conn.transaction():
