@@ -88,10 +88,12 @@ bench-deps: install
 bench: bench-deps ## every target of the performance issue beside its yardstick (bench/results/latest.json, and operator.json, figures in bench/README.md); BENCH_QUICK=1 for small sizes
 	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.operator_cost
+	$(BIN)/python -m bench.burst
 
 bench-quick: bench-deps ## the same benchmarks at small sizes, a few minutes: checks the harness, not the figures
 	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run --quick $(BENCH_ARGS)
 	$(BIN)/python -m bench.operator_cost --quick
+	$(BIN)/python -m bench.burst --quick
 
 mutate: install ## the mutation gate: every curated break of a guarantee must fail a test by assertion
 	$(BIN)/python -m tools.mutate

@@ -248,3 +248,26 @@ FROM unnest(%(kind)b::text[], %(aggregate_id)b::text[], %(recipient)b::text[],
 -- name: count_outbox
 -- Every row of the outbox (what an enqueue case wrote).
 SELECT count(*) FROM {schema}.outbox;
+
+-- name: burst_window
+-- The first seconds of a drain, from its history: how long the drain took from its first
+-- claim to its last send, and how many messages it sent within `window_seconds` of that
+-- claim (the history's times are the database's, so the worker's start-up is left out).
+WITH span AS (
+    SELECT min(at) FILTER (WHERE event = 'claimed') AS first_claim,
+           max(at) FILTER (WHERE event = 'sent') AS last_sent
+    FROM {schema}.history
+)
+SELECT extract(epoch FROM s.last_sent - s.first_claim)::float8 AS drain_seconds,
+       (SELECT count(*) FROM {schema}.history AS h
+         WHERE h.event = 'sent'
+           AND h.at <= s.first_claim + make_interval(secs => %(window_seconds)s)) AS sent
+FROM span AS s;
+
+-- name: queue_statistics
+-- Whether the queue had been analysed (by hand or by autovacuum), and how many rows the
+-- planner believed it held.
+SELECT c.reltuples::float8, s.last_analyze IS NOT NULL OR s.last_autoanalyze IS NOT NULL
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(%(queue)s);

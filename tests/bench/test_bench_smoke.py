@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,15 +95,6 @@ def test_best_of_rounds_keeps_the_fastest_exactly_once_run_and_every_rate() -> N
 
     assert best is not None
     assert (best.rate, best.attempt_rates) == (200.0, (100.0, 300.0, 200.0))
-
-
-@pytest.fixture
-def bench_server(server_dsn: str) -> Iterator[BenchServer]:
-    server = BenchServer(server_dsn)
-    try:
-        yield server
-    finally:
-        server.drop_all()
 
 
 def test_outbox_accounting_sees_a_row_that_was_claimed_twice(db_dsn: str) -> None:

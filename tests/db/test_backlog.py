@@ -14,6 +14,7 @@ from leasebox.db.queries import query
 from leasebox.store.backlog import fetch_backlog, fetch_backlog_async
 from support.outbox_rows import SEALING, insert_message, otp
 from support.plans import (
+    CLAIM_PARAMETERS,
     analyze,
     full_scans,
     generic_plan_of,
@@ -149,23 +150,9 @@ def seeded(db_conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return db_conn
 
 
-CLAIM = {
-    "kinds": ["otp"],
-    "after_at": [None],
-    "after_id": [None],
-    "priorities": [0],
-    "aging": [86400.0],
-    "aged_limit": 0,
-    "now": None,
-    "limit": 100,
-    "lease_seconds": 45,
-    "worker_id": "w",
-}
-
-
 def worker_plan(conn: psycopg.Connection[Any], name: str, **params: Any) -> Any:
     """The plan a worker claims with: the generic plan (the worker's `plan_cache_mode`)."""
-    return generic_plan_of(conn, query(name), {**CLAIM, **params})
+    return generic_plan_of(conn, query(name), {**CLAIM_PARAMETERS, **params})
 
 
 def test_a_claim_with_a_cursor_starts_its_index_scan_at_the_cursor(

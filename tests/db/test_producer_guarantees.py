@@ -5,7 +5,6 @@ request onto a message that is gone."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +19,7 @@ from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from leasebox.store.dead_letters import DeadLetterFilter, purge_dead_letters
 from leasebox.store.pruning import prune
 from support.outbox_rows import count, insert_message, otp
-from support.waiting import waiting_on_a_lock
+from support.waiting import wait_for, waiting_on_a_lock
 
 
 @pytest.fixture(autouse=True)
@@ -170,10 +169,11 @@ def test_a_second_enqueue_of_a_delivery_key_that_is_not_yet_committed_gets_its_r
     thread = threading.Thread(target=second)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not waiting_on_a_lock(db_conn, "second-producer"):  # waits for the first's row
-            assert time.monotonic() < deadline, "the second producer never waited for the first"
-            time.sleep(0.01)
+        wait_for(  # the second waits for the first's row
+            lambda: waiting_on_a_lock(db_conn, "second-producer"),
+            what="the second producer to wait for the first",
+            timeout=30,
+        )
         first.commit()
     finally:
         thread.join(timeout=30)

@@ -8,14 +8,13 @@ a backlog is enqueued and drained, and its stamps are judged.
 
 The database hands out the backlog's tokens due one spacing (1/rate) apart (the reservations
 are proved exact in tests/db/test_quota_reservations.py), and a worker writes a message no
-earlier than its token is due. The sink sees each message later, by however long the send
-took to reach it: on two shared cores running sixteen workers, from milliseconds to a stall
-of a few hundred. So, judged by the sink's clock, the i-th arrival comes no sooner than i
-spacings after the first, less the first one's own delay, which the test allows up to
-`FIRST_DELAY` (a quarter of a second: a few times what it is on an idle machine); a quota that
-let 5 % too many through would be further ahead than that by the end of the drain. The rate
-(the slope of the arrivals over time) must be within 10 % of the quota; its accuracy (within
-5 %) is measured over longer runs by `make bench`.
+earlier than its token is due. With a burst of 1, by any moment t after the backlog was
+committed at t0 at most 1 + rate * (t - t0) of its messages may have been sent: the i-th
+arrival (from 0) comes no sooner than t0 + i / rate, by the sink's wall clock, which is the
+database's and the workers'. A loaded machine only delays sends, so the bound holds however
+slow the machine; a quota that let one message too many through breaks it. That the drain
+keeps up with the quota (its accuracy within 5 %) is a matter of speed, measured over longer
+runs by `make bench`; here the drain must merely reach half the quota's rate.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -42,8 +40,8 @@ pytestmark = pytest.mark.slow
 RATE = 25.0
 MESSAGES = 150
 ACCOUNT = "shared-test-account"
-TOLERANCE = 0.10
-FIRST_DELAY = 0.25
+# Clock reading and rounding between the database, the workers and the sink.
+CLOCK_SLACK = 0.01
 
 
 def seed(dsn: str, count: int, prefix: str) -> None:
@@ -102,19 +100,20 @@ def workers(dsn: str, url: str, processes: int, directory: Path) -> Iterator[lis
                 process.wait(timeout=30)
 
 
-def most_ahead(stamps: list[float]) -> float:
-    """How far (seconds) the furthest arrival came before `i / rate` after the first."""
-    return max(stamps[0] + i / RATE - stamp for i, stamp in enumerate(stamps))
+def most_ahead(stamps: list[float], committed: float) -> float:
+    """How far (seconds) the furthest arrival came before `committed + i / rate`."""
+    return max(committed + i / RATE - stamp for i, stamp in enumerate(stamps))
 
 
 @pytest.mark.parametrize("processes", [1, 4, 16])
 def test_the_accounts_rate_holds_however_many_workers_share_it(
     db_dsn: str, tmp_path: Path, processes: int
 ) -> None:
-    with SmtpSink(clock=time.monotonic) as sink, workers(db_dsn, sink.url, processes, tmp_path):
+    with SmtpSink(clock=time.time) as sink, workers(db_dsn, sink.url, processes, tmp_path):
         warm = 2 * processes
         seed(db_dsn, warm, "warm")
         wait_for(lambda: len(sink.received) >= warm, what="the first sends", timeout=60)
+        committed = time.time()  # no later than the commit: the bound only gets looser
         seed(db_dsn, MESSAGES, "u")
         wait_for(
             lambda: len(sink.received) >= warm + MESSAGES, what="the backlog drained", timeout=60
@@ -122,10 +121,10 @@ def test_the_accounts_rate_holds_however_many_workers_share_it(
         stamps = sorted(m.received_at for m in sink.received if m.recipient.startswith("u"))
 
     assert len(stamps) == MESSAGES
-    ahead = most_ahead(stamps)
-    assert ahead <= FIRST_DELAY, f"an arrival came {ahead:.3f}s ahead of the quota's pace"
-    rate = statistics.linear_regression(stamps, range(len(stamps))).slope
-    assert abs(rate / RATE - 1) <= TOLERANCE, rate
+    ahead = most_ahead(stamps, committed)
+    assert ahead <= CLOCK_SLACK, f"an arrival came {ahead:.3f}s ahead of the quota's pace"
+    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    assert rate >= RATE / 2, f"the drain ran at {rate:.1f}/s"
     with psycopg.connect(db_dsn) as conn:
         account = conn.execute(
             "SELECT rate, burst FROM leasebox.quotas WHERE account = %s", (ACCOUNT,)

@@ -8,9 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from leasebox.producer.payload_crypto import PayloadCipher, generate_key
 from leasebox.testing.ports import free_port
 from support import hostile_http as http
 from support.fault_rig import Printed, judge, rows, seed
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -72,15 +72,6 @@ def workers(db_dsn: str, key: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
         rig.kill_all()
 
 
-def wait_until(
-    condition: Callable[[], bool], what: Callable[[], object], within: float = 60
-) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, f"not in time: {what()}"
-        time.sleep(0.05)
-
-
 def get(port: int, path: str) -> tuple[int, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=10) as response:
         return int(response.status), str(response.read().decode())
@@ -98,7 +89,7 @@ def test_ids_with_nul_bytes_stop_no_worker_and_each_message_is_accepted_once(
     chosen = {k: kinds[i % len(kinds)] for i, k in enumerate(seeded.keys)}
     with http.hostile_http(http.Script(reply=lambda k, nth: chosen[k])) as server:
         process, port = workers.start(server.url(), "--concurrency", "8")
-        wait_until(lambda: final(db_conn), lambda: workers.printed()[-2000:])
+        wait_for(lambda: final(db_conn), what=lambda: workers.printed()[-2000:], timeout=60)
         assert process.poll() is None, "the worker died"
         answers = [get(port, "healthz"), get(port, "readyz")]
         metrics = get(port, "metrics")[1]
@@ -120,7 +111,7 @@ def test_a_worker_killed_mid_batch_causes_duplicates_only_of_what_it_held(
     script = http.Script(reply=lambda k, nth: http.SLOW_OK, slow_seconds=0.5)
     with http.hostile_http(script) as server:
         first, _ = workers.start(server.url(), "--concurrency", "4", "--lease-seconds", "3")
-        wait_until(lambda: server.taken_count() >= 6, workers.printed)
+        wait_for(lambda: server.taken_count() >= 6, what=workers.printed, timeout=60)
         # Frozen first, so that it claims nothing between the count and the kill.
         first.send_signal(signal.SIGSTOP)
         held = {
@@ -131,7 +122,7 @@ def test_a_worker_killed_mid_batch_causes_duplicates_only_of_what_it_held(
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         second, _ = workers.start(server.url(), "--concurrency", "4", "--lease-seconds", "3")
-        wait_until(lambda: final(db_conn), lambda: workers.printed()[-2000:])
+        wait_for(lambda: final(db_conn), what=lambda: workers.printed()[-2000:], timeout=60)
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
         judge(

@@ -29,8 +29,8 @@ from support.reliability_rig import (
     lease_losses,
     seed,
     statuses,
-    wait_until,
 )
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def test_four_workers_deliver_5000_messages_exactly_once(
     keys = seed(db_dsn, 5000)
     for _ in range(4):
         worker_processes.start(*POOLED, provider_options=PROVIDER_POOL)
-    wait_until(lambda: statuses(db_dsn) == {"sent": 5000}, 120, lambda: statuses(db_dsn))
+    wait_for(lambda: statuses(db_dsn) == {"sent": 5000}, what=lambda: statuses(db_dsn), timeout=120)
     sent = [w.metric('leasebox_sent_total{kind="otp"}') for w in worker_processes.started]
     worker_processes.stop_all()
     assert_each_delivered_with_its_own_message_id(sink, keys)
@@ -89,7 +89,11 @@ def test_killed_workers_duplicate_only_what_they_held_with_the_same_message_id(
     held_at_kill: list[set[str]] = []
     leases_at_kill: list[tuple[str, dict[int, uuid.UUID]]] = []
     for fraction in (0.25, 0.5, 0.75):
-        wait_until(lambda: sink.delivered >= 5000 * fraction, 120, lambda: sink.delivered)  # noqa: B023
+        wait_for(
+            lambda: sink.delivered >= 5000 * fraction,  # noqa: B023
+            what=lambda: sink.delivered,
+            timeout=120,
+        )
         victim = chooser.choice([w for w in worker_processes.started if w.process.poll() is None])
         # Frozen first, so that it claims nothing more between the count and the kill: what
         # it holds now is all it can have sent without recording it.
@@ -99,7 +103,7 @@ def test_killed_workers_duplicate_only_what_they_held_with_the_same_message_id(
         victim.process.send_signal(signal.SIGKILL)
         victim.process.wait(timeout=10)
         worker_processes.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
-    wait_until(lambda: statuses(db_dsn) == {"sent": 5000}, 120, lambda: statuses(db_dsn))
+    wait_for(lambda: statuses(db_dsn) == {"sent": 5000}, what=lambda: statuses(db_dsn), timeout=120)
     worker_processes.stop_all()
     assert_each_delivered_with_its_own_message_id(sink, keys)
     sizes = [len(held) for held in held_at_kill]
@@ -187,7 +191,7 @@ def test_transient_failures_are_retried_to_delivery_and_a_rejection_dead_letters
     for _ in range(2):
         worker_processes.start(*POOLED, provider_options=PROVIDER_POOL)
     done = {"sent": 1000, "dead": 1}
-    wait_until(lambda: statuses(db_dsn) == done, 120, lambda: statuses(db_dsn))
+    wait_for(lambda: statuses(db_dsn) == done, what=lambda: statuses(db_dsn), timeout=120)
     retries = sum(
         w.metric('leasebox_retries_total{error_class="smtp_451",kind="otp"}')
         for w in worker_processes.started
@@ -227,15 +231,15 @@ def test_workers_reconnect_after_a_database_restart_and_lose_nothing(
     try:
         for _ in range(2):
             workers.start(*POOLED, provider_options=WAITING_POOL, lease=SHORT_LEASE)
-        wait_until(lambda: not sink.gate.is_set() and sink.in_data > 0, 60, workers.logs)
+        wait_for(lambda: not sink.gate.is_set() and sink.in_data > 0, what=workers.logs, timeout=60)
         before = sink.delivered
         server.stop()
         # The sends held at the gate now finish while the database is away: the workers
         # know outcomes they cannot write yet.
         sink.gate.set()
-        wait_until(lambda: sink.delivered > before, 60, workers.logs)
+        wait_for(lambda: sink.delivered > before, what=workers.logs, timeout=60)
         server.start()
-        wait_until(lambda: statuses(dsn) == {"sent": 2000}, 120, lambda: _safe(dsn))
+        wait_for(lambda: statuses(dsn) == {"sent": 2000}, what=lambda: _safe(dsn), timeout=120)
         workers.stop_all()
         logs = [w.log() for w in workers.started]
     finally:
@@ -264,22 +268,22 @@ def test_a_worker_stalled_past_its_lease_cannot_settle_the_row_and_counts_the_lo
     sink.hold = "stall@example.com"
     [key] = seed(db_dsn, 1, recipient=lambda _: "stall@example.com")
     first = worker_processes.start(lease=SHORT_LEASE, provider_options=WAITING)
-    wait_until(lambda: sink.holding == 1, 30, first.log)
+    wait_for(lambda: sink.holding == 1, what=first.log, timeout=30)
     # The stall: the process is frozen mid-send, so it can neither finish nor extend.
     first.process.send_signal(signal.SIGSTOP)
     second = worker_processes.start(lease=SHORT_LEASE, provider_options=WAITING)
     # The second worker reclaimed the row, claimed it, and is sending it: not settled yet.
-    wait_until(lambda: sink.holding == 2, 30, second.log)
+    wait_for(lambda: sink.holding == 2, what=second.log, timeout=30)
     assert lease_of(db_dsn) == ("processing", "w2")
     first.process.send_signal(signal.SIGCONT)
     sink.held[0].set()  # only the first worker's send completes
     lost, sent = 'leasebox_lease_lost_total{kind="otp"}', 'leasebox_sent_total{kind="otp"}'
-    worker_processes.wait_ready(first)
-    wait_until(lambda: first.metric(lost) + first.metric(sent) >= 1, 30, first.log)
+    worker_processes.wait_answering(first)
+    wait_for(lambda: first.metric(lost) + first.metric(sent) >= 1, what=first.log, timeout=30)
     assert (first.metric(lost), first.metric(sent)) == (1, 0)
     assert lease_of(db_dsn) == ("processing", "w2")  # the second worker's row, left alone
     sink.held[1].set()
-    wait_until(lambda: statuses(db_dsn) == {"sent": 1}, 30, lambda: statuses(db_dsn))
+    wait_for(lambda: statuses(db_dsn) == {"sent": 1}, what=lambda: statuses(db_dsn), timeout=30)
     worker_processes.stop_all()
     assert second.log().count('"reclaimed an expired lease (pending)"') == 1
     with psycopg.connect(db_dsn) as conn:
@@ -335,10 +339,16 @@ def test_sigterm_during_a_burst_finishes_sends_and_releases_the_rest_at_once(
         "120",
         provider_options="&pool_size=4" + WAITING,
     )
-    wait_until(lambda: sink.in_data == 4 and statuses(db_dsn).get("processing") == 8, 30, first.log)
+    wait_for(
+        lambda: sink.in_data == 4 and statuses(db_dsn).get("processing") == 8,
+        what=first.log,
+        timeout=30,
+    )
     first.process.send_signal(signal.SIGTERM)
     # While the 4 sends in flight are still held, the 4 claimed but unsent rows go back.
-    wait_until(lambda: statuses(db_dsn).get("processing") == 4, 30, lambda: statuses(db_dsn))
+    wait_for(
+        lambda: statuses(db_dsn).get("processing") == 4, what=lambda: statuses(db_dsn), timeout=30
+    )
     assert statuses(db_dsn) == {"processing": 4, "pending": 36}
     assert sink.in_data == 4
     assert first.process.poll() is None  # still in its grace period, waiting for them
@@ -361,19 +371,19 @@ def test_a_provider_outage_is_retried_and_reported_by_readiness(
 ) -> None:
     sink, port = smtp_server.sink, smtp_server.port
     worker = worker_processes.start()
-    worker_processes.wait_ready(worker)
+    worker_processes.wait_ready(worker)  # its provider started before the outage
     smtp_server.stop()
     keys = seed(db_dsn, 10, max_attempts=40)
-    wait_until(
+    wait_for(
         lambda: worker.metric('leasebox_retries_total{error_class="connection",kind="otp"}') > 0,
-        30,
-        worker.log,
+        what=worker.log,
+        timeout=30,
     )
     status, reason = worker.readiness()
     assert status == 503
     assert reason.startswith(f"not ready: provider: SMTP server smtp://127.0.0.1:{port}")
     smtp_server.start()
-    wait_until(lambda: statuses(db_dsn) == {"sent": 10}, 60, lambda: statuses(db_dsn))
+    wait_for(lambda: statuses(db_dsn) == {"sent": 10}, what=lambda: statuses(db_dsn), timeout=60)
     status, text = worker.readiness()
     assert (status, text.splitlines()[0]) == (200, "ready")
     worker_processes.stop_all()

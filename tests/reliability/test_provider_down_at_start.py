@@ -16,7 +16,8 @@ import psycopg
 import pytest
 
 from leasebox.testing.ports import free_port
-from support.reliability_rig import SmtpServer, Workers, seed, statuses, wait_until
+from support.reliability_rig import SmtpServer, Workers, seed, statuses
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 NOT_READY = 'leasebox_not_ready{cause="provider_start"}'
@@ -35,20 +36,20 @@ def test_a_worker_started_while_the_provider_is_down_waits_not_ready_and_sends_o
     smtp_server.stop()  # the mail service has a blip as the pod starts
     seed(db_dsn, 5)
     worker = worker_processes.start()
-    worker_processes.wait_ready(worker)  # alive: /healthz answers
+    worker_processes.wait_answering(worker)  # alive: /healthz answers
 
     def not_ready_for_the_provider() -> bool:
         status, text = worker.readiness()
         return status == 503 and "provider" in text
 
-    wait_until(not_ready_for_the_provider, 30, worker.log)
+    wait_for(not_ready_for_the_provider, what=worker.log, timeout=30)
     assert worker.metric(NOT_READY) == 1.0
     assert "cannot start the smtp provider" in worker.readiness()[1]
     assert statuses(db_dsn) == {"pending": 5}
     assert attempts(db_dsn) == 0  # claimed nothing
 
     smtp_server.start()
-    wait_until(lambda: statuses(db_dsn) == {"sent": 5}, 60, worker.log)
+    wait_for(lambda: statuses(db_dsn) == {"sent": 5}, what=worker.log, timeout=60)
     assert worker.readiness()[0] == 200
     assert worker.metric(NOT_READY) == 0.0
     assert smtp_server.sink.delivered == 5
@@ -61,8 +62,8 @@ def test_a_worker_waiting_for_its_provider_stops_at_once_on_sigterm(
 ) -> None:
     smtp_server.stop()
     worker = worker_processes.start()
-    worker_processes.wait_ready(worker)
-    wait_until(lambda: worker.readiness()[0] == 503, 30, worker.log)
+    worker_processes.wait_answering(worker)
+    wait_for(lambda: worker.readiness()[0] == 503, what=worker.log, timeout=30)
     worker.process.send_signal(signal.SIGTERM)
     assert worker.process.wait(timeout=10) == 0
 

@@ -21,7 +21,8 @@ from leasebox.delivery.providers.base import derived_message_id
 from leasebox.inspection.narrative import chronicle, copies_answer, ownership_answer
 from leasebox.inspection.trace import Ownership, Trace, build_trace
 from leasebox.store.history import Selector, read_trace
-from support.reliability_rig import SHORT_LEASE, SmtpServer, Workers, seed, statuses, wait_until
+from support.reliability_rig import SHORT_LEASE, SmtpServer, Workers, seed, statuses
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 WAITING = "&timeout=120"  # held sends must not time out while the test holds them
@@ -43,13 +44,13 @@ def test_a_killed_workers_duplicates_are_told_as_leases_that_ran_out_unreported(
     first = worker_processes.start(
         "--concurrency", "4", provider_options="&pool_size=4" + WAITING, lease=SHORT_LEASE
     )
-    wait_until(lambda: sink.in_data == 4, 30, first.log)
+    wait_for(lambda: sink.in_data == 4, what=first.log, timeout=30)
     with psycopg.connect(db_dsn) as lock:
         # The rows locked, the worker cannot record the sends the server now accepts: it is
         # killed between the provider's answer and its write, the window a crash duplicates.
         lock.execute("SELECT id FROM leasebox.queue FOR UPDATE")
         sink.gate.set()
-        wait_until(lambda: sink.delivered == 4, 30, lambda: sink.delivered)
+        wait_for(lambda: sink.delivered == 4, what=lambda: sink.delivered, timeout=30)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait(timeout=10)
         # Its statements waiting for the lock die with it, as a crashed pod's sessions do.
@@ -59,7 +60,7 @@ def test_a_killed_workers_duplicates_are_told_as_leases_that_ran_out_unreported(
         )
         lock.rollback()
     worker_processes.start(provider_options=WAITING, lease=SHORT_LEASE)
-    wait_until(lambda: statuses(db_dsn) == {"sent": 4}, 60, lambda: statuses(db_dsn))
+    wait_for(lambda: statuses(db_dsn) == {"sent": 4}, what=lambda: statuses(db_dsn), timeout=60)
     worker_processes.stop_all()
     for key in keys:
         (send,) = traced(db_dsn, delivery_key=key).sends
@@ -87,17 +88,17 @@ def test_a_stalled_workers_lost_lease_is_told_as_a_race_with_two_accepted_copies
     sink.hold = "stall@example.com"
     [key] = seed(db_dsn, 1, recipient=lambda _: "stall@example.com")
     first = worker_processes.start(lease=SHORT_LEASE, provider_options=WAITING)
-    wait_until(lambda: sink.holding == 1, 30, first.log)
+    wait_for(lambda: sink.holding == 1, what=first.log, timeout=30)
     first.process.send_signal(signal.SIGSTOP)  # frozen mid-send: it can neither finish nor extend
     second = worker_processes.start(lease=SHORT_LEASE, provider_options=WAITING)
-    wait_until(lambda: sink.holding == 2, 30, second.log)
+    wait_for(lambda: sink.holding == 2, what=second.log, timeout=30)
     first.process.send_signal(signal.SIGCONT)
     sink.held[0].set()  # the stalled worker's send is accepted, after its lease ran out
     lost = 'leasebox_lease_lost_total{kind="otp"}'
-    worker_processes.wait_ready(first)
-    wait_until(lambda: first.metric(lost) >= 1, 30, first.log)
+    worker_processes.wait_answering(first)
+    wait_for(lambda: first.metric(lost) >= 1, what=first.log, timeout=30)
     sink.held[1].set()
-    wait_until(lambda: statuses(db_dsn) == {"sent": 1}, 30, lambda: statuses(db_dsn))
+    wait_for(lambda: statuses(db_dsn) == {"sent": 1}, what=lambda: statuses(db_dsn), timeout=30)
     worker_processes.stop_all()
     (send,) = traced(db_dsn, delivery_key=key).sends
     assert [(a.worker_id, a.outcome) for a in send.attempts] == [

@@ -117,6 +117,20 @@ def indexes(conn: psycopg.Connection[Any], plan: Any, *, schema: str = "leasebox
     return found
 
 
+# A worker's claim of a batch of 100 `otp` rows from the start of the ready index.
+CLAIM_PARAMETERS: dict[str, Any] = {
+    "kinds": ["otp"],
+    "after_at": [None],
+    "after_id": [None],
+    "priorities": [0],
+    "aging": [86400.0],
+    "aged_limit": 0,
+    "now": None,
+    "limit": 100,
+    "lease_seconds": 45,
+    "worker_id": "w",
+}
+
 _PARAMETER = re.compile(r"%\((\w+)\)[sb]")
 
 

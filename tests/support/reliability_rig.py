@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -38,6 +37,7 @@ from psycopg import sql
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.testing.embedded import EmbeddedPostgres
 from leasebox.testing.ports import free_port
+from support.waiting import wait_for
 
 # Short polls and backoff keep the suite fast. Leases are long unless a test needs rows
 # reclaimed soon: a short lease on a busy machine expires under a worker that is merely slow,
@@ -263,8 +263,17 @@ class Workers:
         """The end of every worker's log, for a failure message."""
         return "\n".join(f"== {w.name}\n{w.log()[-2000:]}" for w in self.started)
 
-    def wait_ready(self, worker: WorkerProcess, within: float = 30) -> None:
-        wait_until(lambda: _answers(worker), within, lambda: worker.log())
+    def wait_answering(self, worker: WorkerProcess, within: float = 30) -> None:
+        """Until the worker's HTTP server answers: alive, ready or not."""
+        wait_for(lambda: _answers(worker), what=lambda: worker.log(), timeout=within)
+
+    def wait_ready(self, worker: WorkerProcess, within: float = 60) -> None:
+        """Until the worker says it is ready (its provider started, it claims)."""
+        wait_for(
+            lambda: _answers(worker) and worker.readiness()[0] == 200,
+            what=lambda: worker.log(),
+            timeout=within,
+        )
 
     def stop_all(self, within: float = 30) -> None:
         """SIGTERM every live worker and require a clean exit."""
@@ -314,16 +323,6 @@ def _answers(worker: WorkerProcess) -> bool:
     except OSError:
         return False
     return True
-
-
-def wait_until(
-    condition: Callable[[], bool], within: float, describe: Callable[[], object] = lambda: ""
-) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting: {describe()}")
-        time.sleep(0.05)
 
 
 def seed(

@@ -110,10 +110,3 @@ def statuses(conn: psycopg.Connection) -> dict[str, int]:
     rows = conn.execute("SELECT status, count(*) FROM leasebox.messages GROUP BY status").fetchall()
     conn.rollback()
     return {status: int(count) for status, count in rows}
-
-
-async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
-    """Wait until `condition()` holds, checking every 10 ms; fail after `within` seconds."""
-    async with asyncio.timeout(within):
-        while not condition():  # noqa: ASYNC110 - the condition is in the database
-            await asyncio.sleep(0.01)

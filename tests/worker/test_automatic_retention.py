@@ -22,8 +22,8 @@ from leasebox.runtime.upkeep import maintain_days
 from leasebox.store import pruning
 from leasebox.store.pruning import PruneResult
 from support.running_worker import SETTINGS, make_worker, running
-from support.waiting import wait_for, waiting_on_a_lock
-from support.worker_doubles import Insert, ManualClock, ScriptedProvider, eventually
+from support.waiting import wait_for, wait_for_async, waiting_on_a_lock
+from support.worker_doubles import Insert, ManualClock, ScriptedProvider
 
 WEEK = 7 * 86400.0
 
@@ -97,7 +97,11 @@ async def test_a_running_worker_with_a_retention_drops_the_days_past_it(
     settings = replace(SETTINGS, retention_seconds=WEEK)
     worker = make_worker(db_pool, fake_provider, fake_clock, settings, dsn=db_dsn)
     async with running(worker):
-        await eventually(lambda: _messages(db_conn) == {recent}, within=30)
+        await wait_for_async(
+            lambda: _messages(db_conn) == {recent},
+            what="_messages(db_conn) == {recent}",
+            timeout=30,
+        )
 
 
 def test_a_prune_counting_the_days_while_another_drops_them_succeeds(

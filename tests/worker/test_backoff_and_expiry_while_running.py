@@ -16,7 +16,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from leasebox.runtime.worker import database_clock
 from support.running_worker import SETTINGS, make_worker, no_jitter, running
-from support.worker_doubles import Insert, ManualClock, ScriptedProvider, eventually, row_of
+from support.waiting import wait_for_async
+from support.worker_doubles import Insert, ManualClock, ScriptedProvider, row_of
 
 
 def _settled(conn: psycopg.Connection, outbox_id: int, attempts: int) -> bool:
@@ -36,7 +37,10 @@ async def test_a_transient_failure_is_retried_after_its_backoff(
     fake_provider.transient_failures["flaky@example.com"] = 1
     worker = make_worker(db_pool, fake_provider, fake_clock)
     async with running(worker):
-        await eventually(lambda: row_of(db_conn, outbox_id)["last_error_class"] == "smtp_451")
+        await wait_for_async(
+            lambda: row_of(db_conn, outbox_id)["last_error_class"] == "smtp_451",
+            what='row_of(db_conn, outbox_id)["last_error_class"] == "smtp_451"',
+        )
         row = row_of(db_conn, outbox_id)
         # rng() == 0 draws the bottom of the jitter range: half of base * 2**0.
         assert row["available_at"] == fake_clock.now + timedelta(seconds=1.0)
@@ -44,10 +48,16 @@ async def test_a_transient_failure_is_retried_after_its_backoff(
         fake_clock.advance(0.9)
         # Two claims after the clock moved: the second began after it, and found nothing.
         claims = worker.rounds["claim"]
-        await eventually(lambda: worker.rounds["claim"] >= claims + 2)
+        await wait_for_async(
+            lambda: worker.rounds["claim"] >= claims + 2,
+            what='worker.rounds["claim"] >= claims + 2',
+        )
         assert row_of(db_conn, outbox_id)["status"] == "pending"
         fake_clock.advance(0.2)
-        await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "sent")
+        await wait_for_async(
+            lambda: row_of(db_conn, outbox_id)["status"] == "sent",
+            what='row_of(db_conn, outbox_id)["status"] == "sent"',
+        )
     assert row_of(db_conn, outbox_id)["attempts"] == 2
     assert fake_provider.attempts["flaky@example.com"] == 2
     labels = {"kind": "otp", "error_class": "smtp_451"}
@@ -69,7 +79,10 @@ async def test_the_running_worker_backs_off_1_2_4_seconds_then_stays_at_the_cap(
     gaps = []
     async with running(worker):
         for attempt in range(1, 7):
-            await eventually(lambda: _settled(db_conn, outbox_id, attempt))  # noqa: B023
+            await wait_for_async(
+                lambda: _settled(db_conn, outbox_id, attempt),  # noqa: B023
+                what="_settled(db_conn, outbox_id, attempt)",
+            )
             row = row_of(db_conn, outbox_id)
             assert row["status"] == "pending", row["status"]
             gap = (row["available_at"] - fake_clock.now).total_seconds()
@@ -93,7 +106,10 @@ async def test_transient_failures_dead_letter_once_attempts_run_out(
     worker = make_worker(db_pool, fake_provider, fake_clock)
     async with running(worker):
         for attempt in (1, 2, 3):
-            await eventually(lambda: _settled(db_conn, outbox_id, attempt))  # noqa: B023
+            await wait_for_async(
+                lambda: _settled(db_conn, outbox_id, attempt),  # noqa: B023
+                what="_settled(db_conn, outbox_id, attempt)",
+            )
             fake_clock.advance(600)
     row = row_of(db_conn, outbox_id)
     assert (row["status"], row["dead_reason"], row["attempts"]) == (
@@ -120,12 +136,21 @@ async def test_an_otp_that_expires_while_claimed_is_dead_lettered_never_sent(
     settings = replace(SETTINGS, concurrency=1, batch_size=2)
     worker = make_worker(db_pool, fake_provider, fake_clock, settings)
     async with running(worker):
-        await eventually(lambda: row_of(db_conn, otp)["status"] == "processing")
+        await wait_for_async(
+            lambda: row_of(db_conn, otp)["status"] == "processing",
+            what='row_of(db_conn, otp)["status"] == "processing"',
+        )
         await fake_provider.held["slow@example.com"].wait()
         fake_clock.advance(31)
         release.set()
-        await eventually(lambda: row_of(db_conn, otp)["status"] in ("dead", "sent"))
-        await eventually(lambda: row_of(db_conn, blocker)["status"] == "sent")
+        await wait_for_async(
+            lambda: row_of(db_conn, otp)["status"] in ("dead", "sent"),
+            what='row_of(db_conn, otp)["status"] in ("dead", "sent")',
+        )
+        await wait_for_async(
+            lambda: row_of(db_conn, blocker)["status"] == "sent",
+            what='row_of(db_conn, blocker)["status"] == "sent"',
+        )
     assert (row_of(db_conn, otp)["status"], row_of(db_conn, otp)["dead_reason"]) == (
         "dead",
         "expired",
@@ -158,13 +183,26 @@ async def test_on_the_production_clock_an_otp_stuck_behind_a_blocked_send_expire
         await fake_provider.held["slow@example.com"].wait()
         expires_at = _database_time(db_conn) + timedelta(seconds=2)
         otp = db_insert(recipient="late@example.com", expires_at=expires_at)
-        await eventually(lambda: row_of(db_conn, otp)["status"] == "processing")
+        await wait_for_async(
+            lambda: row_of(db_conn, otp)["status"] == "processing",
+            what='row_of(db_conn, otp)["status"] == "processing"',
+        )
         # Claimed while still valid, so the claim's timestamp alone says "not expired".
         assert row_of(db_conn, otp)["updated_at"] < expires_at
-        await eventually(lambda: _database_time(db_conn) > expires_at, within=60)
+        await wait_for_async(
+            lambda: _database_time(db_conn) > expires_at,
+            what="_database_time(db_conn) > expires_at",
+            timeout=60,
+        )
         release.set()
-        await eventually(lambda: row_of(db_conn, otp)["status"] != "processing")
-        await eventually(lambda: row_of(db_conn, blocker)["status"] == "sent")
+        await wait_for_async(
+            lambda: row_of(db_conn, otp)["status"] != "processing",
+            what='row_of(db_conn, otp)["status"] != "processing"',
+        )
+        await wait_for_async(
+            lambda: row_of(db_conn, blocker)["status"] == "sent",
+            what='row_of(db_conn, blocker)["status"] == "sent"',
+        )
     row = row_of(db_conn, otp)
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "expired", 1)
     assert fake_provider.attempts["late@example.com"] == 0

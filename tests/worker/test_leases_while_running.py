@@ -21,7 +21,8 @@ from leasebox.store import claiming, settling, sweeps
 from leasebox.store.settling import Sent
 from support.history import history_of
 from support.running_worker import SETTINGS, log_records, make_worker, running
-from support.worker_doubles import Insert, ManualClock, ScriptedProvider, eventually, row_of
+from support.waiting import wait_for_async
+from support.worker_doubles import Insert, ManualClock, ScriptedProvider, row_of
 
 LOST = "lease could not be extended: lost"
 
@@ -48,7 +49,9 @@ async def test_a_worker_stalled_past_its_lease_cannot_settle_the_row_another_wor
         )
         fake_clock.now = later
         release.set()
-        await eventually(lambda: worker.held == 0)  # A's outcome met the database
+        await wait_for_async(
+            lambda: worker.held == 0, what="worker.held == 0"
+        )  # A's outcome met the database
         assert worker.metrics.value("leasebox_lease_lost_total", {"kind": "otp"}) == 1
         row = row_of(db_conn, outbox_id)
         assert (row["status"], row["lease_token"], row["leased_by"]) == (
@@ -106,9 +109,11 @@ async def test_a_queued_row_whose_lease_was_lost_is_released_not_sent(
             )
             tokens = {m.id: m.lease_token for m in taken}
             # A's next look at its leases finds this one gone, while the row still waits.
-            await eventually(lambda: logged.about(queued, LOST), within=30)
+            await wait_for_async(
+                lambda: logged.about(queued, LOST), what="logged.about(queued, LOST)", timeout=30
+            )
             release.set()
-            await eventually(lambda: worker.held == 0)
+            await wait_for_async(lambda: worker.held == 0, what="worker.held == 0")
     assert fake_provider.attempts["queued@example.com"] == 0
     for outbox_id in (blocker, queued):
         row = row_of(db_conn, outbox_id)
@@ -140,12 +145,18 @@ async def test_a_long_send_extends_its_lease_past_half_its_time(
         # A lease check every 0.25 s; half the lease is gone 0.5 s after the claim. Six more
         # checks (1.5 s) cover that moment whenever the send began.
         checks = worker.rounds["lease check"]
-        await eventually(lambda: worker.rounds["lease check"] >= checks + 6)
+        await wait_for_async(
+            lambda: worker.rounds["lease check"] >= checks + 6,
+            what='worker.rounds["lease check"] >= checks + 6',
+        )
         assert row_of(db_conn, outbox_id)["lease_expires_at"] == fake_clock.now + timedelta(
             seconds=1
         )
         release.set()
-        await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "sent")
+        await wait_for_async(
+            lambda: row_of(db_conn, outbox_id)["status"] == "sent",
+            what='row_of(db_conn, outbox_id)["status"] == "sent"',
+        )
     assert worker.metrics.value("leasebox_lease_lost_total", {"kind": "otp"}) == 0
     assert worker.metrics.value("leasebox_sent_total", {"kind": "otp"}) == 1
 

@@ -32,9 +32,13 @@ from leasebox.runtime.worker import Worker, database_clock
 from leasebox.store import quotas
 from leasebox.testing.ports import free_port
 from support.running_worker import SETTINGS, make_worker, running
-from support.worker_doubles import ScriptedProvider, eventually, statuses
+from support.waiting import wait_for_async
+from support.worker_doubles import ScriptedProvider, statuses
 
 ACCOUNT = "acct-under-test"
+# Requests that may arrive after a 429, sent on tokens granted before it: a quarter of what the
+# quota (40/s) grants in the second the 429's reset lasts.
+IN_FLIGHT_AT_THE_429 = 10
 
 
 @dataclass
@@ -125,7 +129,11 @@ async def test_a_429_pauses_every_worker_of_the_account_until_its_reset(
     ]
     try:
         async with running(workers[0]), running(workers[1]):
-            await eventually(lambda: statuses(db_conn) == {"sent": 30}, within=30)
+            await wait_for_async(
+                lambda: statuses(db_conn) == {"sent": 30},
+                what='statuses(db_conn) == {"sent": 30}',
+                timeout=30,
+            )
     finally:
         for provider in providers:
             await provider.close()
@@ -133,14 +141,15 @@ async def test_a_429_pauses_every_worker_of_the_account_until_its_reset(
     assert mail_api.throttled_at is not None
     throttled = [n for n, _ in enumerate(mail_api.arrivals) if n + 1 == mail_api.throttle_at]
     assert throttled == [mail_api.throttle_at - 1], "the provider refused one request alone"
-    # Requests already on their way when the 429 was answered may still arrive; after that,
-    # nothing until the reset, from either worker.
+    # Requests whose token was granted before the pause was recorded may still arrive after
+    # the 429, however late a loaded machine lets them. Without a shared pause the other
+    # worker would go on at the quota's pace until the reset, about 40 requests: far more.
     paused = [
         at - mail_api.throttled_at
         for at, _ in mail_api.arrivals
-        if 0.1 < at - mail_api.throttled_at < mail_api.retry_after - 0.05
+        if 0 < at - mail_api.throttled_at < mail_api.retry_after - 0.05
     ]
-    assert paused == []
+    assert len(paused) <= IN_FLIGHT_AT_THE_429, paused
     assert len(mail_api.arrivals) == 31  # each message once, and the refused one again
     pauses = sum(worker.quota is not None and worker.quota.paused for worker in workers)
     assert pauses == 0  # over by now
@@ -159,8 +168,16 @@ async def test_an_otp_whose_token_would_come_after_its_expiry_is_dead_lettered_a
     # One token a second: the fourth and fifth are due after the OTPs have expired.
     worker = make_worker(db_pool, fake_provider, database_clock, quota_settings(1.0, "w"))
     async with running(worker):
-        await eventually(lambda: statuses(db_conn).get("pending", 0) == 0, within=20)
-        await eventually(lambda: "processing" not in statuses(db_conn), within=20)
+        await wait_for_async(
+            lambda: statuses(db_conn).get("pending", 0) == 0,
+            what='statuses(db_conn).get("pending", 0) == 0',
+            timeout=20,
+        )
+        await wait_for_async(
+            lambda: "processing" not in statuses(db_conn),
+            what='"processing" not in statuses(db_conn)',
+            timeout=20,
+        )
 
     found = db_conn.execute(
         "SELECT m.status, m.dead_reason, h.at FROM leasebox.messages AS m"
@@ -185,7 +202,9 @@ async def test_a_worker_under_a_quota_leaves_in_the_queue_what_it_cannot_send_so
     worker = make_worker(db_pool, fake_provider, database_clock, settings)
     held: list[int] = []
     async with running(worker):
-        await eventually(lambda: len(fake_provider.sent) >= 3, within=20)
+        await wait_for_async(
+            lambda: len(fake_provider.sent) >= 3, what="len(fake_provider.sent) >= 3", timeout=20
+        )
         held.append(worker.held)
         held.append(statuses(db_conn).get("processing", 0))
     assert worker.quota is not None
@@ -211,9 +230,11 @@ async def test_a_pause_reaches_the_other_workers_of_the_account_by_notify(
         for g in (other, elsewhere)
     ]
     try:
-        await eventually(wake.is_set)  # listening (it wakes the worker once connected)
+        await wait_for_async(
+            wake.is_set, what="wake.is_set()"
+        )  # listening (it wakes the worker once connected)
         refused.pause(30.0)
-        await eventually(lambda: other.paused)
+        await wait_for_async(lambda: other.paused, what="other.paused")
         assert not elsewhere.paused
         async with db_pool.connection() as conn:
             later = await quotas.reserve_tokens(conn, account=ACCOUNT, rate=10.0, burst=1, count=1)

@@ -17,7 +17,8 @@ from leasebox import OutboxMessage, enqueue
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.runtime.worker import database_clock
 from support.running_worker import SETTINGS, make_worker, running
-from support.worker_doubles import ScriptedProvider, eventually, row_of
+from support.waiting import wait_for_async
+from support.worker_doubles import ScriptedProvider, row_of
 
 KEY = "challenge-9"
 
@@ -44,12 +45,24 @@ async def test_a_claimed_code_replaced_before_its_send_is_settled_superseded_uns
     settings = replace(SETTINGS, concurrency=1, batch_size=2)
     worker = make_worker(db_pool, fake_provider, database_clock, settings)
     async with running(worker):
-        await eventually(lambda: fake_provider.held["busy@example.com"].is_set())
-        await eventually(lambda: row_of(db_conn, old)["status"] == "processing")
+        await wait_for_async(
+            lambda: fake_provider.held["busy@example.com"].is_set(),
+            what='fake_provider.held["busy@example.com"].is_set()',
+        )
+        await wait_for_async(
+            lambda: row_of(db_conn, old)["status"] == "processing",
+            what='row_of(db_conn, old)["status"] == "processing"',
+        )
         new = resend(db_conn, "new@example.com")
         release.set()
-        await eventually(lambda: row_of(db_conn, new)["status"] == "sent")
-        await eventually(lambda: row_of(db_conn, old)["status"] != "processing")
+        await wait_for_async(
+            lambda: row_of(db_conn, new)["status"] == "sent",
+            what='row_of(db_conn, new)["status"] == "sent"',
+        )
+        await wait_for_async(
+            lambda: row_of(db_conn, old)["status"] != "processing",
+            what='row_of(db_conn, old)["status"] != "processing"',
+        )
 
     assert (row_of(db_conn, old)["status"], row_of(db_conn, old)["superseded_by"]) == (
         "superseded",

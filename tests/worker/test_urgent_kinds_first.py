@@ -18,7 +18,8 @@ from psycopg_pool import AsyncConnectionPool
 from leasebox.runtime.options import KindPriority
 from leasebox.store import claiming
 from support.running_worker import SETTINGS, make_worker, running
-from support.worker_doubles import Insert, ManualClock, ScriptedProvider, eventually, row_of
+from support.waiting import wait_for_async
+from support.worker_doubles import Insert, ManualClock, ScriptedProvider, row_of
 
 PRIORITY = {"otp": 10, "verification": 0}
 AGING = {"otp": 30.0, "verification": 600.0}
@@ -131,11 +132,17 @@ async def test_a_flood_of_urgent_messages_never_starves_a_lower_kind_past_its_sl
     worker = make_worker(db_pool, provider, fake_clock, settings)
     async with running(worker):
         # Twenty OTPs out, forty waiting: within its SLA the verification waits behind them.
-        await eventually(lambda: provider.held["flood-20@example.com"].is_set())
+        await wait_for_async(
+            lambda: provider.held["flood-20@example.com"].is_set(),
+            what='provider.held["flood-20@example.com"].is_set()',
+        )
         assert row_of(db_conn, waiting)["status"] == "pending"
         fake_clock.advance(4)  # now it has waited longer than its SLA
         pause.set()
-        await eventually(lambda: row_of(db_conn, waiting)["status"] == "sent")
+        await wait_for_async(
+            lambda: row_of(db_conn, waiting)["status"] == "sent",
+            what='row_of(db_conn, waiting)["status"] == "sent"',
+        )
         unsent = sum(row_of(db_conn, i)["status"] != "sent" for i in flood)
     order = [email.recipient for email in provider.sent]
     position = order.index("verify@example.com")

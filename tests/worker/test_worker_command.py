@@ -11,9 +11,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -24,6 +23,7 @@ from leasebox.cli.main import main
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from leasebox.testing.ports import free_port
 from support.mail_servers import RecordingHandler, SmtpServer, serve
+from support.waiting import running, wait_for
 from support.worker_doubles import Insert, statuses
 from support.worker_options import REQUIRED, SAMPLES
 
@@ -295,7 +295,11 @@ def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(
         assert "leasebox_claimed_total" in metrics
         assert _get_when_up(f"{base}/healthz", process) == "ok\n"
         assert _get_when_up(f"{base}/readyz", process) == "ready\nsecrets: encrypted (1 key)\n"
-        _wait_for(lambda: statuses(db_conn) == {"sent": 1}, process)
+        wait_for(
+            lambda: running(process) and statuses(db_conn) == {"sent": 1},
+            what='statuses(db_conn) == {"sent": 1}',
+            timeout=30,
+        )
         assert 'leasebox_sent_total{kind="otp"} 1.0' in _get_when_up(f"{base}/metrics", process)
     finally:
         process.send_signal(signal.SIGTERM)
@@ -308,25 +312,16 @@ def test_a_worker_process_serves_health_and_metrics_and_stops_on_sigterm(
 
 def _get_when_up(url: str, process: subprocess.Popen[str], within: float = 30) -> str:
     """GET `url` once the server answers (the worker process must stay alive meanwhile)."""
-    deadline = time.monotonic() + within
-    while True:
+
+    def answer() -> str | None:
+        running(process)
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 return str(response.read().decode())
         except OSError:
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, f"timed out: {url} did not answer"
-            time.sleep(0.05)
+            return None
 
-
-def _wait_for(
-    condition: Callable[[], bool], process: subprocess.Popen[str], within: float = 30
-) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, "timed out waiting for the condition"
-        time.sleep(0.05)
+    return wait_for(answer, what=f"{url} to answer", timeout=within)
 
 
 def test_every_setting_can_come_from_its_leasebox_variable_and_a_flag_wins() -> None:
@@ -401,7 +396,11 @@ def test_a_worker_started_on_a_newer_schema_says_so_in_its_log_and_on_readyz(
     )
     try:
         readiness = _get_when_up(f"http://127.0.0.1:{port}/readyz", process)
-        _wait_for(lambda: statuses(db_conn) == {"sent": 1}, process)  # it works all the same
+        wait_for(
+            lambda: running(process) and statuses(db_conn) == {"sent": 1},
+            what='statuses(db_conn) == {"sent": 1}',
+            timeout=30,
+        )  # it works all the same
     finally:
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=30)

@@ -26,14 +26,8 @@ from leasebox.runtime.worker import RESCAN_EVERY
 from leasebox.store import claiming, settling
 from leasebox.store.claiming import ClaimedMessage
 from support.running_worker import SETTINGS, make_worker, running
-from support.worker_doubles import (
-    Insert,
-    ManualClock,
-    ScriptedProvider,
-    eventually,
-    row_of,
-    statuses,
-)
+from support.waiting import wait_for_async
+from support.worker_doubles import Insert, ManualClock, ScriptedProvider, row_of, statuses
 
 
 async def test_drain_mode_sends_every_ready_row_once_then_exits(
@@ -184,10 +178,14 @@ async def test_a_short_claim_after_full_ones_drops_their_cursor_so_a_row_behind_
     worker = make_worker(db_pool, fake_provider, fake_clock, settings)
     async with running(worker):
         first = [db_insert(recipient=f"r{i}@example.com") for i in range(2)]
-        await eventually(lambda: len(fake_provider.sent) == 2)  # then a claim finds nothing
+        await wait_for_async(
+            lambda: len(fake_provider.sent) == 2, what="len(fake_provider.sent) == 2"
+        )  # then a claim finds nothing
         late = db_insert(available_at=fake_clock.now - timedelta(hours=2))  # behind the cursor
-        with contextlib.suppress(TimeoutError):  # judged below: a worker that never sends it
-            await eventually(lambda: len(fake_provider.sent) == 3, within=5)
+        with contextlib.suppress(AssertionError):  # judged below: a worker that never sends it
+            await wait_for_async(
+                lambda: len(fake_provider.sent) == 3, what="len(fake_provider.sent) == 3", timeout=5
+            )
     assert [email.outbox_id for email in fake_provider.sent] == [*first, late]
 
 
@@ -201,10 +199,14 @@ async def test_a_short_claim_forgets_its_cursor_so_the_next_claim_reads_from_the
     worker = make_worker(db_pool, fake_provider, fake_clock, settings)
     async with running(worker):
         first = [db_insert(recipient=f"r{i}@example.com") for i in range(2)]
-        await eventually(lambda: len(fake_provider.sent) == 2)  # a claim shorter than a batch
+        await wait_for_async(
+            lambda: len(fake_provider.sent) == 2, what="len(fake_provider.sent) == 2"
+        )  # a claim shorter than a batch
         late = db_insert(available_at=fake_clock.now - timedelta(hours=2))  # behind it
         new = db_insert()
-        await eventually(lambda: len(fake_provider.sent) == 4)
+        await wait_for_async(
+            lambda: len(fake_provider.sent) == 4, what="len(fake_provider.sent) == 4"
+        )
     order = [email.outbox_id for email in fake_provider.sent]
     assert order == [*first, late, new]
 
@@ -259,8 +261,10 @@ async def test_a_running_worker_creates_the_partitions_of_the_coming_days(
     db_conn.commit()
     worker = make_worker(db_pool, fake_provider, fake_clock, dsn=db_dsn)
     async with running(worker):
-        await eventually(
-            lambda: any(p.start == last for p in _partitions(db_conn, "history")), within=30
+        await wait_for_async(
+            lambda: any(p.start == last for p in _partitions(db_conn, "history")),
+            what='any(p.start == last for p in _partitions(db_conn, "history"))',
+            timeout=30,
         )
 
 
@@ -283,10 +287,16 @@ async def test_stopping_releases_queued_rows_at_once_and_lets_sends_in_flight_fi
     settings = replace(SETTINGS, concurrency=2, batch_size=2)
     worker = make_worker(db_pool, fake_provider, fake_clock, settings)
     task = asyncio.get_running_loop().create_task(worker.run())
-    await eventually(lambda: fake_provider.started_sends == 2 and worker.held == 4)
+    await wait_for_async(
+        lambda: fake_provider.started_sends == 2 and worker.held == 4,
+        what="fake_provider.started_sends == 2 and worker.held == 4",
+    )
     worker.request_stop()
     # Queued rows go back before the sends in flight have finished.
-    await eventually(lambda: statuses(db_conn) == {"pending": 8, "processing": 2})
+    await wait_for_async(
+        lambda: statuses(db_conn) == {"pending": 8, "processing": 2},
+        what='statuses(db_conn) == {"pending": 8, "processing": 2}',
+    )
     assert not task.done()
     fake_provider.hold_all.set()
     async with asyncio.timeout(10):
@@ -310,7 +320,9 @@ async def test_a_second_stop_request_cancels_the_sends_in_flight_and_releases_th
     fake_provider.hold_all = asyncio.Event()
     worker = make_worker(db_pool, fake_provider, fake_clock, replace(SETTINGS, grace_seconds=300))
     task = asyncio.get_running_loop().create_task(worker.run())
-    await eventually(lambda: fake_provider.started_sends == 2)
+    await wait_for_async(
+        lambda: fake_provider.started_sends == 2, what="fake_provider.started_sends == 2"
+    )
     worker.request_stop()
     worker.request_stop()
     async with asyncio.timeout(10):
@@ -329,11 +341,18 @@ async def test_a_notify_wakes_an_idle_worker_long_before_its_poll(
     settings = replace(SETTINGS, listen=True, poll_interval=3600)
     worker = make_worker(db_pool, fake_provider, fake_clock, settings, dsn=db_dsn)
     async with running(worker):
-        await eventually(lambda: _listening(db_conn) and worker.rounds["claim"] >= 1)
+        await wait_for_async(
+            lambda: _listening(db_conn) and worker.rounds["claim"] >= 1,
+            what='_listening(db_conn) and worker.rounds["claim"] >= 1',
+        )
         claims = worker.rounds["claim"]
         outbox_id = db_insert()
         # The next poll is an hour away: only the NOTIFY can have made the worker claim.
-        await eventually(lambda: row_of(db_conn, outbox_id)["status"] == "sent", within=60)
+        await wait_for_async(
+            lambda: row_of(db_conn, outbox_id)["status"] == "sent",
+            what='row_of(db_conn, outbox_id)["status"] == "sent"',
+            timeout=60,
+        )
     assert worker.rounds["claim"] - claims in (1, 2)  # the woken claim, and one that found none
 
 
@@ -389,12 +408,18 @@ async def test_rows_sent_but_not_yet_settled_free_their_slots_up_to_one_batch_mo
     async with running(worker):
         # The sends finish, their outcomes cannot be written: the worker claims on while the
         # rows it holds only wait for their statement, then stops at a batch beyond capacity.
-        await eventually(lambda: len(fake_provider.sent) >= 5)
-        with contextlib.suppress(TimeoutError):  # judged below: a worker that stops short
-            await eventually(lambda: len(fake_provider.sent) >= 8, within=5)
+        await wait_for_async(
+            lambda: len(fake_provider.sent) >= 5, what="len(fake_provider.sent) >= 5"
+        )
+        with contextlib.suppress(AssertionError):  # judged below: a worker that stops short
+            await wait_for_async(
+                lambda: len(fake_provider.sent) >= 8, what="len(fake_provider.sent) >= 8", timeout=5
+            )
         held, sent = statuses(db_conn), len(fake_provider.sent)
         writable.set()
-        await eventually(lambda: statuses(db_conn) == {"sent": 40})
+        await wait_for_async(
+            lambda: statuses(db_conn) == {"sent": 40}, what='statuses(db_conn) == {"sent": 40}'
+        )
     assert (held, sent) == ({"processing": 8, "pending": 32}, 8)
 
 

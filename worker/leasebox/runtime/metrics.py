@@ -12,7 +12,7 @@ first dead letter or lost lease already shows up in `increase()`.
 
 The hot path counts per batch, not per message: a claim adds its rows to `claimed` at once,
 a settled batch adds its rows to `sent` and observes their latencies together
-(`observe_many`, one lock per bucket touched instead of one per message), and the time of
+(`BatchHistogram`, one lock per batch instead of one per message and bucket), and the time of
 each send is queued (`record_send`) and observed in bulk when the next batch is settled or
 whenever the registry is read (a collector registered first folds the queue in), so that no
 reader ever sees a total that misses a send already made. The in-flight gauge reads a plain
@@ -21,7 +21,6 @@ counter (`sending`) when scraped.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import Counter as Tally
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,12 +33,12 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     ProcessCollector,
     generate_latest,
 )
 from prometheus_client.metrics_core import Metric
 
+from leasebox.runtime.batch_histogram import BatchHistogram
 from leasebox.states import DeadReason
 from leasebox.version import __version__
 
@@ -78,35 +77,6 @@ PROVIDER_OUTCOMES = (
     "account",
     "error",
 )
-
-
-def observe_many(histogram: Any, values: Sequence[float]) -> None:
-    """Observe every value of `values` in one histogram child, a bucket at a time.
-
-    The same totals as one `observe` per value: each value lands in the first bucket whose
-    bound is at least the value, and the sum grows by their sum. The values are sorted once
-    and each bucket's count read off by bisection, so the cost per value is the sort's.
-    """
-    if not values:
-        return
-    try:
-        bounds: list[float] = histogram._upper_bounds
-        buckets: list[Any] = histogram._buckets
-        total: Any = histogram._sum
-    except AttributeError:  # a prometheus_client without these internals: one at a time
-        for value in values:
-            histogram.observe(value)
-        return
-    ordered = sorted(values)
-    total.inc(sum(ordered))
-    counted = 0
-    for index, bound in enumerate(bounds):
-        upto = bisect_right(ordered, bound)  # the values at most `bound`
-        if upto > counted:
-            buckets[index].inc(upto - counted)
-            counted = upto
-        if counted == len(ordered):
-            return
 
 
 class _Pending:
@@ -188,14 +158,14 @@ class WorkerMetrics:
             ["kind"],
             registry=r,
         )
-        self.send_duration = Histogram(
+        self.send_duration = BatchHistogram(
             "leasebox_send_duration_seconds",
             "Time spent in the provider's send, successful or not.",
             ["kind"],
             buckets=SEND_DURATION_BUCKETS,
             registry=r,
         )
-        self.delivery_latency = Histogram(
+        self.delivery_latency = BatchHistogram(
             "leasebox_delivery_latency_seconds",
             "Time from the outbox row's creation to it being marked sent (the SLO source).",
             ["kind"],
@@ -213,7 +183,7 @@ class WorkerMetrics:
             ["provider", "outcome"],
             registry=r,
         )
-        self.provider_duration = Histogram(
+        self.provider_duration = BatchHistogram(
             "leasebox_provider_request_duration_seconds",
             "Time one provider request took, by provider and outcome.",
             ["provider", "outcome"],
@@ -320,17 +290,17 @@ class WorkerMetrics:
             if outcome is not None:
                 by_request.setdefault((provider, outcome), []).append(seconds)
         for kind, values in by_kind.items():
-            observe_many(self.kind(kind).send_duration, values)
+            self.kind(kind).send_duration.observe_many(values)
         for (provider, outcome), values in by_request.items():
             requests, duration = self._provider(provider, outcome)
             requests.inc(len(values))
-            observe_many(duration, values)
+            duration.observe_many(values)
 
     def sent_rows(self, kind: str, latencies: Sequence[float]) -> None:
         """Count rows marked sent and observe their delivery latencies, for one kind."""
         series = self.kind(kind)
         series.sent.inc(len(latencies))
-        observe_many(series.delivery_latency, latencies)
+        series.delivery_latency.observe_many(latencies)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""

@@ -333,7 +333,8 @@ WHERE id = %(id)s;
 
 -- name: backlog
 -- Counts and ages per kind, each from a partial index (the operator's poll): one scan of a
--- kind's pending rows in the ready index counts them and the ready ones among them. The send
+-- kind's pending rows in the ready index counts them and the ready ones among them, and finds
+-- the oldest (the SLA clock; `created_at` is in the index for it). The send
 -- rate counts the sends in the window of messages created at most a day before it: it reads
 -- the history partitions of two or three days, however many days are retained (a send of an
 -- older message, such as a requeued dead letter, is left out of the rate).
@@ -348,8 +349,7 @@ SELECT
         AND q.lease_expires_at < now()) AS expired_leases,
     (SELECT count(*) FROM {schema}.queue AS q
       WHERE q.status = 'dead' AND q.kind = k.kind) AS dead,
-    (SELECT min(q.created_at) FROM {schema}.queue AS q
-      WHERE q.status = 'pending' AND q.kind = k.kind) AS oldest_pending_created_at,
+    p.oldest_pending_created_at,
     p.oldest_ready_available_at,
     (SELECT count(*) FROM {schema}.history AS h
       WHERE h.event = 'sent' AND h.kind = k.kind
@@ -362,6 +362,7 @@ FROM unnest(%(kinds)s::text[]) AS k(kind)
 CROSS JOIN LATERAL (
     SELECT count(*) AS pending,
            count(*) FILTER (WHERE q.available_at <= now()) AS ready,
+           min(q.created_at) AS oldest_pending_created_at,
            min(q.available_at) FILTER (WHERE q.available_at <= now())
                AS oldest_ready_available_at
     FROM {schema}.queue AS q
@@ -441,12 +442,19 @@ logged AS (
 -- include: claimed_rows
 -- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen. A
 -- message whose outbox row is missing comes back without content (the worker dead-letters it).
+-- Each message is read by its key (`LIMIT 1` keeps the lookup inside the batch's loop): a join
+-- on the key would let a planner that misjudges the day's partition (never analysed after a
+-- burst) read all of it for a batch of 100.
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token::text,
        c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
        c.available_at, c.replacement_key
 FROM claimed AS c
-LEFT JOIN {schema}.outbox AS o ON o.id = c.id AND o.bucket = c.bucket
+LEFT JOIN LATERAL (
+    SELECT m.recipient, m.template, m.data, m.secrets FROM {schema}.outbox AS m
+    WHERE m.id = c.id AND m.bucket = c.bucket
+    LIMIT 1
+) AS o ON true
 ORDER BY c.available_at, c.id;
 
 -- name: claim_without_content
