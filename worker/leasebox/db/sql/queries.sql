@@ -647,12 +647,16 @@ logged AS (
 SELECT id, kind FROM dead;
 
 -- fragment: dead_letter_selection
--- The filters of `leasebox dead-letters`: kinds, reason, age and ids, each optional.
+-- The filters of `leasebox dead-letters` and `leasebox web`: kinds, reason, error class, age
+-- (dead for longer than, dead for less than) and ids, each optional.
 status = 'dead'
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
   AND (%(reason)s::text IS NULL OR dead_reason = %(reason)s::text)
+  AND (%(error_class)s::text IS NULL OR last_error_class = %(error_class)s::text)
   AND (%(older_than_seconds)s::float8 IS NULL
        OR updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+  AND (%(newer_than_seconds)s::float8 IS NULL
+       OR updated_at >= now() - make_interval(secs => %(newer_than_seconds)s::float8))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
 
 -- name: list_dead_letters

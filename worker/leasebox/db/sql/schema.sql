@@ -170,8 +170,27 @@ ALTER SEQUENCE {schema}.history_id_seq OWNED BY {schema}.history.id;
 CREATE INDEX history_outbox_idx ON {schema}.history (outbox_id);
 -- Sends per second of a kind (the backlog's rate window).
 CREATE INDEX history_sent_idx ON {schema}.history (kind, at) WHERE event = 'sent';
+-- Failed attempts of the last minutes (the overview of `leasebox web`); written only on a failure.
+CREATE INDEX history_failures_idx ON {schema}.history (at)
+    WHERE event IN ('retry', 'ambiguous', 'dead', 'lease_lost', 'lease_expired');
 
 CREATE TABLE {schema}.history_default PARTITION OF {schema}.history DEFAULT;
+
+-- What people did through `leasebox web`: one row per action asked for (requeue, purge, ...),
+-- with who, when, the selection it applied to, how many rows it touched, and whether it was
+-- done or refused (no role, read-only mode, a failed CSRF check). Append-only.
+CREATE TABLE {schema}.audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    actor text NOT NULL,
+    action text NOT NULL CHECK (action ~ '^[a-z][a-z0-9_]{{0,62}}$'),
+    outcome text NOT NULL CHECK (outcome IN ('done', 'refused', 'failed')),
+    selection jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+    affected integer NOT NULL DEFAULT 0,
+    detail text
+);
+
+CREATE INDEX audit_at_idx ON {schema}.audit (at);
 
 -- One row per logical send with where it is: the queue's state while it is there, `sent`
 -- (with when, by whom, and the provider's id, from its `sent` history) once it is gone.
