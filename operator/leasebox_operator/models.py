@@ -335,7 +335,8 @@ class PoolSpec(Model):
     worker: WorkerSpec = Field(default_factory=WorkerSpec, json_schema_extra=_EMPTY_DEFAULT)
     """The worker pods."""
     paused: bool = False
-    """Freeze the replica count; the backlog is still observed and reported."""
+    """Scale the workers to zero and hold them there (nothing is deleted); the backlog is
+    still observed and reported. Clearing it hands the replicas back to the scaling mode."""
     monitoring: MonitoringSpec = Field(
         default_factory=MonitoringSpec, json_schema_extra=_EMPTY_DEFAULT
     )

@@ -103,8 +103,9 @@ def test_kubectl_get_wide_adds_desired_dead_mode_and_the_ready_message(
 ) -> None:
     (row,) = kubectl.table("outboxworkerpools", "-o", "wide")
     assert list(row) == ["NAME", "KINDS", "READY", "REPLICAS", "DESIRED", "PENDING", "OLDEST",
-                         "SLA", "DEAD", "MODE", "STATUS", "AGE"]  # fmt: skip
+                         "SLA", "DEAD", "MODE", "PAUSED", "STATUS", "AGE"]  # fmt: skip
     assert (row["DESIRED"], row["DEAD"], row["MODE"]) == ("1", "0", "Operator")
+    assert row["PAUSED"] == "false"
     assert row["STATUS"] == "1 of 1 workers available"
 
 

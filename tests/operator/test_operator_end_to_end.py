@@ -3,9 +3,10 @@
 One pool goes through its life: applied (children and status appear), a backlog arrives
 (replicas go up), the backlog drains (replicas come down after the stabilisation window),
 the database goes away (replicas kept, condition false) and comes back, the pool is
-paused (nothing changes), its spec turns invalid (a condition), and it is deleted (its
-children go). Poll interval and stabilisation window are short; "nothing changed" is
-checked after the operator's poll counters show that it looked, never after a sleep.
+paused (its workers go to zero and stay there), its spec turns invalid (a condition), and
+it is deleted (its children go). Poll interval and stabilisation window are short;
+"nothing changed" is checked after the operator's poll counters show that it looked, never
+after a sleep.
 """
 
 from __future__ import annotations
@@ -196,9 +197,10 @@ def test_operator_reconciles_scales_reports_and_cleans_up_a_pool(
     database.allow_connections(True)
     wait_for(lambda: cluster.condition_is("DatabaseReachable", "True"), what="recovery")
 
-    # Paused: a new backlog changes nothing but the reported backlog.
+    # Paused: the workers go to zero and a new backlog changes nothing but the report.
     cluster.patch_spec({"paused": True})
     wait_for(lambda: cluster.condition_is("Paused", "True"), what="Paused=True")
+    wait_for(lambda: cluster.replicas() == 0, what="the paused pool at zero")
     frozen = cluster.replicas()
     database.insert_backlog(2000)
     wait_for(lambda: cluster.status().get("backlog", {}).get("pending") == 2050,
