@@ -34,6 +34,7 @@ from leasebox.errors import BatchConflict, ConfigurationError, ConflictingReques
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
 from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
+from leasebox.producer.plan import carried_trace_context
 
 __all__ = ["enqueue_many", "enqueue_many_async"]
 
@@ -133,6 +134,7 @@ def _prepare(
         **columns,
         "scope": scope_name,
         "ttl_seconds": receipt_ttl_seconds,
+        "trace_context": carried_trace_context(),
     }
     return _Batch(
         lock,

@@ -25,7 +25,7 @@ from leasebox.errors import DatabaseError, IdempotencyConflict
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
-from leasebox.producer.plan import Plan, Step, one, run, run_async
+from leasebox.producer.plan import Plan, Step, carried_trace_context, one, run, run_async
 
 __all__ = ["DEFAULT_RECEIPT_TTL_SECONDS", "enqueue", "enqueue_async"]
 
@@ -115,6 +115,7 @@ def _plan(
         "ttl_seconds": receipt_ttl_seconds,
         # Taken by the statement itself, first, unless an earlier step took them.
         "locks": keys if locks else [],
+        "trace_context": carried_trace_context(),
     }
     row = yield one("enqueue", write)
     if row is None:

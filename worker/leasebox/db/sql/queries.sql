@@ -120,7 +120,8 @@ FROM {schema}.enqueue_message(
     p_idempotency_key => %(idempotency_key)s::text,
     p_request_hash => %(request_hash)s::text,
     p_ttl_seconds => %(ttl_seconds)s::float8,
-    p_locks => %(locks)s::text[]
+    p_locks => %(locks)s::text[],
+    p_trace_context => %(trace_context)s::jsonb
 );
 
 -- name: lock_keys
@@ -228,10 +229,10 @@ touched AS (
 inserted AS (
     INSERT INTO {schema}.outbox
         (id, bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash,
-         template, data, secrets, delivery_key, max_attempts, expires_at)
+         template, data, secrets, delivery_key, max_attempts, expires_at, trace_context)
     SELECT w.id, w.bucket, w.kind, w.aggregate_id, w.recipient, w.recipient_key, %(scope)s,
            w.message_hash, w.template, w.data, w.secrets, w.delivery_key, w.max_attempts,
-           w.expires_at
+           w.expires_at, %(trace_context)s::jsonb
     FROM resolved AS w
     WHERE w.source = 'inserted'
     ORDER BY w.ord
@@ -371,7 +372,7 @@ logged AS (
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token::text,
        c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
-       c.available_at
+       c.available_at, o.trace_context
 FROM claimed AS c
 LEFT JOIN {schema}.outbox AS o ON o.id = c.id AND o.bucket = c.bucket
 ORDER BY c.available_at, c.id;
@@ -382,7 +383,8 @@ ORDER BY c.available_at, c.id;
 SELECT c.id, c.kind, c.aggregate_id, NULL::text AS recipient, NULL::text AS template,
        NULL::jsonb AS data, NULL::bytea AS secrets, c.delivery_key, c.attempts,
        c.max_attempts, c.expires_at, c.lease_token::text, c.lease_expires_at, c.created_at,
-       coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at
+       coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at,
+       NULL::jsonb AS trace_context
 FROM claimed AS c
 ORDER BY c.available_at, c.id;
 

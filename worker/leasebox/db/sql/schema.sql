@@ -44,6 +44,9 @@ CREATE TABLE {schema}.outbox (
     max_attempts integer CHECK (max_attempts BETWEEN 1 AND 100),
     expires_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
+    -- The enqueuing request's trace context (W3C `traceparent`, `tracestate`), when the
+    -- application traced it: the worker continues that trace.
+    trace_context jsonb,
     PRIMARY KEY (id, bucket),
     UNIQUE (delivery_key, bucket)
 ) PARTITION BY RANGE (bucket);
@@ -244,7 +247,8 @@ CREATE FUNCTION {schema}.enqueue_message(
     p_idempotency_key text,
     p_request_hash text,
     p_ttl_seconds double precision,
-    p_locks text[]
+    p_locks text[],
+    p_trace_context jsonb DEFAULT NULL
 ) RETURNS TABLE (source text, outbox_id bigint, delivery_key text, request_hash text)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
@@ -301,10 +305,10 @@ BEGIN
     IF v_source = 'inserted' THEN
         INSERT INTO {schema}.outbox
             (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash,
-             template, data, secrets, delivery_key, max_attempts, expires_at)
+             template, data, secrets, delivery_key, max_attempts, expires_at, trace_context)
         VALUES ((now() AT TIME ZONE 'UTC')::date, p_kind, p_aggregate_id, p_recipient,
                 p_recipient_key, p_scope, p_message_hash, p_template, p_data, p_secrets,
-                p_delivery_key, p_max_attempts, p_expires_at)
+                p_delivery_key, p_max_attempts, p_expires_at, p_trace_context)
         ON CONFLICT (delivery_key, bucket) DO NOTHING
         RETURNING id, bucket, created_at INTO v_message;
         IF NOT FOUND THEN
