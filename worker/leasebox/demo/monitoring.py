@@ -19,12 +19,15 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 from leasebox.store.backlog import Backlog
 from leasebox.testing.ports import free_port
+
+if TYPE_CHECKING:
+    from leasebox.demo.run import DemoSettings
 
 NAMESPACE = "demo"
 POOL = "otp"
@@ -224,3 +227,63 @@ class AlertWatch:
     def all(self) -> tuple[AlertSpan, ...]:
         """Every firing so far, by the time it fired; those still firing have no clearing."""
         return tuple(sorted([*self.spans, *self._open.values()], key=lambda s: s.fired_at))
+
+
+class Alerting:
+    """One run's Prometheus, the operator's metrics it scrapes, and the watch on its alerts."""
+
+    def __init__(self, observatory: Observatory, settings: DemoSettings) -> None:
+        self.observatory = observatory
+        self.settings = settings
+        self.prometheus = Prometheus(observatory, settings.data_dir / "prometheus")
+        self.watch = AlertWatch(self.prometheus)
+        self.described = (
+            f"Prometheus with the chart's rules file, every `for` shortened to {SHORT_FOR}"
+        )
+
+    @property
+    def url(self) -> str:
+        return self.observatory.url
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        """Export the pool's spec, serve the operator's metrics, start Prometheus on them."""
+        metrics, settings = self.observatory.metrics, self.settings
+        metrics.observe_spec(
+            NAMESPACE,
+            POOL,
+            sla=settings.sla_seconds,
+            min_replicas=settings.min_workers,
+            max_replicas=settings.max_workers,
+            paused=False,
+        )
+        metrics.serve(self.observatory.operator_port, "127.0.0.1")
+        await self.prometheus.start(settings.data_dir / "logs")
+        await self.prometheus.wait_ready(session)
+
+    def export(
+        self,
+        backlog: Backlog,
+        *,
+        arrived: float,
+        replicas: int,
+        ready: int,
+        desired: int,
+        worker_ports: list[int],
+    ) -> None:
+        """One poll's figures, as the operator exports them, and the workers to scrape."""
+        metrics = self.observatory.metrics
+        metrics.observe_backlog(NAMESPACE, POOL, backlog, arrived=arrived)
+        metrics.observe_replicas(NAMESPACE, POOL, replicas=replicas, ready=ready, desired=desired)
+        self.prometheus.workers(worker_ports)
+
+    async def wait_for_sla_alerts(self, within: float) -> None:
+        """After the drain: give the SLA alerts their time to clear (bounded)."""
+        deadline = asyncio.get_running_loop().time() + within
+        while asyncio.get_running_loop().time() < deadline:
+            if not [name for name in self.watch.firing_now if "SLA" in name]:
+                return
+            await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
+        await self.prometheus.stop()
+        self.observatory.metrics.close()

@@ -30,7 +30,7 @@ from leasebox.db.migrations import migrate
 from leasebox.db.queries import query
 from leasebox.demo.display import Display, status_line
 from leasebox.demo.evidence import DEMO_SQL, EvidenceLog, gather_evidence
-from leasebox.demo.monitoring import NAMESPACE, POOL, SHORT_FOR, AlertWatch, Observatory, Prometheus
+from leasebox.demo.monitoring import Alerting, Observatory
 from leasebox.demo.otp_api import OtpApiSettings, build_app, create_schema
 from leasebox.demo.pool import WorkerOptions, WorkerPool
 from leasebox.demo.report import Kill, ScalingEvent, Summary, summarise
@@ -103,8 +103,8 @@ class _Run:
         self.log = EvidenceLog()
         self.started = time.monotonic()
         self.started_at = time.time()
-        self.prometheus: Prometheus | None = None
-        self.watch: AlertWatch | None = None
+        observatory = settings.observatory
+        self.alerting = None if observatory is None else Alerting(observatory, settings)
         self.sink = SmtpSink(
             rejected=[REJECTED_ADDRESS],
             delay_seconds=settings.scenario.sink_delay_seconds,
@@ -168,60 +168,20 @@ class _Run:
         self, backlog: Backlog, clients: LoadClients, pool: WorkerPool, desired: int
     ) -> None:
         """The operator's metrics of this poll, and the workers Prometheus should scrape."""
-        observatory, prometheus = self.settings.observatory, self.prometheus
-        if observatory is None or prometheus is None:
-            return
-        metrics = observatory.metrics
-        arrived = clients.record.arrival_rate(time.monotonic(), RATE_WINDOW_SECONDS)
-        metrics.observe_backlog(NAMESPACE, POOL, backlog, arrived=arrived)
-        metrics.observe_replicas(
-            NAMESPACE, POOL, replicas=pool.desired, ready=pool.ready_replicas, desired=desired
-        )
-        prometheus.workers(pool.metrics_ports())
-
-    async def start_monitoring(self, session: aiohttp.ClientSession) -> None:
-        """Start Prometheus on the operator's metrics and the workers; say where."""
-        observatory = self.settings.observatory
-        if observatory is None:
-            return
-        observatory.metrics.observe_spec(
-            NAMESPACE,
-            POOL,
-            sla=self.settings.sla_seconds,
-            min_replicas=self.settings.min_workers,
-            max_replicas=self.settings.max_workers,
-            paused=False,
-        )
-        observatory.metrics.serve(observatory.operator_port, "127.0.0.1")
-        self.prometheus = Prometheus(observatory, self.settings.data_dir / "prometheus")
-        await self.prometheus.start(self.settings.data_dir / "logs")
-        await self.prometheus.wait_ready(session)
-        self.watch = AlertWatch(self.prometheus)
-        self.display.note(f"Prometheus on {observatory.url}, with the chart's alert rules")
-
-    async def stop_monitoring(self) -> None:
-        if self.prometheus is not None:
-            await self.prometheus.stop()
-        if self.settings.observatory is not None:
-            self.settings.observatory.metrics.close()
-
-    async def wait_for_sla_alerts(self, session: aiohttp.ClientSession) -> None:
-        """After the drain: give the SLA alerts their time to clear (bounded)."""
-        if self.watch is None:
-            return
-        deadline = time.monotonic() + self.settings.clear_timeout
-        while time.monotonic() < deadline:
-            if not [name for name in self.watch.firing_now if "SLA" in name]:
-                return
-            await asyncio.sleep(0.5)
+        if self.alerting is not None:
+            arrived = clients.record.arrival_rate(time.monotonic(), RATE_WINDOW_SECONDS)
+            self.alerting.export(
+                backlog,
+                arrived=arrived,
+                replicas=pool.desired,
+                ready=pool.ready_replicas,
+                desired=desired,
+                worker_ports=pool.metrics_ports(),
+            )
 
     def sla_account(self) -> SlaAccount:
-        observatory = self.settings.observatory
-        monitoring = (
-            "none: prometheus was not found"
-            if observatory is None
-            else f"Prometheus with the chart's rules file, every `for` shortened to {SHORT_FOR}"
-        )
+        alerting = self.alerting
+        monitoring = "none: run without Prometheus" if alerting is None else alerting.described
         scenario = self.settings.scenario
         scripted = [
             (scenario.burst_start, f"burst of {scenario.burst_requests} logins begins"),
@@ -231,7 +191,7 @@ class _Run:
         return account(
             self.log.oldest,
             self.settings.sla_seconds,
-            alerts=self.watch.all() if self.watch is not None else (),
+            alerts=alerting.watch.all() if alerting is not None else (),
             timeline=scripted,
             monitoring=monitoring,
             traffic_started_at=self.started_at,
@@ -365,7 +325,9 @@ async def _run_with_database(
                 await asyncio.sleep(0.1)
                 for line in await pool.reconcile():
                     display.note(line)
-            await run.start_monitoring(session)
+            if run.alerting is not None:
+                await run.alerting.start(session)
+                display.note(f"Prometheus on {run.alerting.url}, with the chart's alert rules")
             clients = LoadClients(base_url, settings.scenario, settings.seed)
             run.started = time.monotonic()
             run.started_at = time.time()
@@ -376,10 +338,12 @@ async def _run_with_database(
                 asyncio.create_task(_every(1.0, lambda: run.control(conn, pool, clients))),
                 asyncio.create_task(run.script(conn, pool)),
             ]
-            watch = run.watch
-            if watch is not None:
+            alerting = run.alerting
+            if alerting is not None:
                 tasks.append(
-                    asyncio.create_task(_every(1.0, lambda: watch.look(session, run.elapsed())))
+                    asyncio.create_task(
+                        _every(1.0, lambda: alerting.watch.look(session, run.elapsed()))
+                    )
                 )
             await clients.run(session, run.started)
             await run._at(settings.scenario.duration)
@@ -389,7 +353,8 @@ async def _run_with_database(
                 if time.monotonic() >= drain_deadline:
                     break
                 await asyncio.sleep(0.5)
-            await run.wait_for_sla_alerts(session)
+            if run.alerting is not None:
+                await run.alerting.wait_for_sla_alerts(settings.clear_timeout)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -416,7 +381,8 @@ async def _run_with_database(
     finally:
         for task in tasks:
             task.cancel()
-        await run.stop_monitoring()
+        if run.alerting is not None:
+            await run.alerting.stop()
         await pool.close()
         await session.close()
         await runner.cleanup()

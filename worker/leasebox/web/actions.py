@@ -26,7 +26,7 @@ from leasebox.store.dead_letters import (
     purge_dead_letters,
     requeue_dead_letters,
 )
-from leasebox.web.reading import WEB_SQL, dead_letter_query
+from leasebox.web.reading import FILTER_FIELDS, WEB_SQL, dead_letter_query
 
 Outcome = Literal["done", "refused", "failed"]
 Connection = psycopg.Connection[Any]
@@ -35,11 +35,17 @@ Form = Mapping[str, str]
 
 @dataclass(frozen=True)
 class Action:
-    """One thing a person may do to the outbox from a page."""
+    """One thing a person may do to the outbox from a page.
+
+    `fields` are the form fields it reads (echoed by the preview, kept in the audit row);
+    `preview` says how many rows it would touch and what it does to them, `run` does it and
+    returns how many it touched; both raise `ConfigurationError` for a bad field.
+    """
 
     name: str
     label: str
     page: str
+    fields: tuple[str, ...]
     preview: Callable[[Connection, Form, str], tuple[int, str]]
     run: Callable[[Connection, Form, str], int]
     done: str
@@ -62,8 +68,12 @@ def _letters(count: int) -> str:
     return f"{count} dead letter{'' if count == 1 else 's'}"
 
 
+def _matching(conn: Connection, form: Form, schema: str) -> int:
+    return count_dead_letters(conn, dead_letter_query(form).selection, schema=schema)
+
+
 def _requeue_preview(conn: Connection, form: Form, schema: str) -> tuple[int, str]:
-    count = count_dead_letters(conn, dead_letter_query(form).selection, schema=schema)
+    count = _matching(conn, form, schema)
     return count, (
         f"Requeue {_letters(count)}: each becomes pending with a fresh attempt budget. An OTP "
         "already past its expiry is dead-lettered again as expired, never sent late."
@@ -75,7 +85,7 @@ def _requeue(conn: Connection, form: Form, schema: str) -> int:
 
 
 def _purge_preview(conn: Connection, form: Form, schema: str) -> tuple[int, str]:
-    count = count_dead_letters(conn, dead_letter_query(form).selection, schema=schema)
+    count = _matching(conn, form, schema)
     return count, (
         f"Delete {_letters(count)} for good, with their attempt history and receipts. A "
         "request retried later with the same idempotency key is sent anew."
@@ -91,6 +101,7 @@ register(
         name="requeue",
         label="Requeue",
         page="dead-letters",
+        fields=FILTER_FIELDS,
         preview=_requeue_preview,
         run=_requeue,
         done="requeued",
@@ -101,6 +112,7 @@ register(
         name="purge",
         label="Purge",
         page="dead-letters",
+        fields=FILTER_FIELDS,
         preview=_purge_preview,
         run=_purge,
         done="purged",

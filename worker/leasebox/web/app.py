@@ -242,58 +242,55 @@ class WebApp:
         viewer = request[VIEWER]
         posted = await request.post()
         form = {k: str(v) for k, v in posted.items() if isinstance(v, str)}
-        selection = {k: v for k, v in form.items() if k in reading.FILTER_FIELDS and v}
+        selection = {k: v for k, v in form.items() if k in action.fields and v}
         schema = self.settings.schema
+
+        def audited(outcome: actions.Outcome, affected: int = 0, detail: str | None = None) -> Any:
+            return lambda conn: actions.record(
+                conn,
+                actor=viewer.name,
+                action=action.name,
+                outcome=outcome,
+                selection=selection,
+                affected=affected,
+                detail=detail,
+                schema=schema,
+            )
+
         refusal = csrf_problem(self.settings, request.headers, request.cookies, form.get("csrf"))
         if refusal is None and not self.settings.allow_actions:
             refusal = "the server runs read-only (start it with --allow-actions)"
         if refusal is None and not viewer.operator:
             refusal = f"{viewer.name} has the {viewer.role} role; {action.label} needs operator"
         if refusal is not None:
-            await self.db(
-                lambda conn: actions.record(
-                    conn,
-                    actor=viewer.name,
-                    action=action.name,
-                    outcome="refused",
-                    selection=selection,
-                    detail=refusal,
-                    schema=schema,
-                )
-            )
+            await self.db(audited("refused", detail=refusal))
             return self.page(
                 request, "problem.html", status=403, title="Refused", problem=f"Refused: {refusal}."
             )
         try:
-            reading.dead_letter_query(form)
+            if form.get("confirm") != "yes":
+                count, said = await self.db(lambda conn: action.preview(conn, form, schema))
+                return self.page(
+                    request,
+                    "confirm.html",
+                    title=f"{action.label}?",
+                    action=action,
+                    count=count,
+                    said=said,
+                    selection=selection,
+                    back=f"/{action.page}?{urlencode(selection)}",
+                )
+
+            def run(conn: psycopg.Connection[Any]) -> int:
+                affected = action.run(conn, form, schema)
+                audited("done", affected)(conn)
+                return affected
+
+            affected = await self.db(run)
         except ConfigurationError as exc:
             return self.page(
                 request, "problem.html", status=400, title="Bad filter", problem=str(exc)
             )
-        if form.get("confirm") != "yes":
-            count, said = await self.db(lambda conn: action.preview(conn, form, schema))
-            return self.page(
-                request,
-                "confirm.html",
-                title=f"{action.label}?",
-                action=action,
-                count=count,
-                said=said,
-                selection=selection,
-                back=f"/{action.page}?{urlencode(selection)}",
-            )
-        affected = await self.db(lambda conn: action.run(conn, form, schema))
-        await self.db(
-            lambda conn: actions.record(
-                conn,
-                actor=viewer.name,
-                action=action.name,
-                outcome="done",
-                selection=selection,
-                affected=affected,
-                schema=schema,
-            )
-        )
         log.info(
             "%s by %s: %d rows", action.name, viewer.name, affected, extra={"action": action.name}
         )
