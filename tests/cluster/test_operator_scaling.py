@@ -3,11 +3,11 @@
 One pool goes through its life with the chart's operator: applied (children and status
 appear), a backlog arrives (replicas go up), the backlog drains (replicas come down after
 the stabilisation window), the database goes away (replicas kept, condition false) and
-comes back, the pool is paused (nothing changes), its spec turns invalid (a condition), and
-it is deleted (its children go). The pool's pods select a node that does not exist, so
-they stay Pending as on a full cluster and nothing drains the backlog but the test:
-the decisions are the operator's alone. "Nothing changed" is checked after the operator's
-poll counters show that it looked, never after a sleep.
+comes back, the pool is paused (its workers go to zero and stay there), its spec turns
+invalid (a condition), and it is deleted (its children go). The pool's pods select a node
+that does not exist, so they stay Pending as on a full cluster and nothing drains the
+backlog but the test: the decisions are the operator's alone. "Nothing changed" is checked
+after the operator's poll counters show that it looked, never after a sleep.
 """
 
 from __future__ import annotations
@@ -165,9 +165,10 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     database.allow_connections(True)
     pool.wait_condition("DatabaseReachable", "True")
 
-    # Paused: a new backlog changes nothing but the reported backlog.
+    # Paused: the workers go to zero; a new backlog changes nothing but the report.
     pool.patch_spec({"paused": True})
     pool.wait_condition("Paused", "True")
+    wait_for(lambda: pool.replicas() == 0, what="the paused pool at zero")
     frozen = pool.replicas()
     database.insert_backlog(2000)
     wait_for(

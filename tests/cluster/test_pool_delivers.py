@@ -148,6 +148,7 @@ def test_an_applied_pool_migrates_runs_its_workers_and_delivers(
         "SLA",
         "DEAD",
         "MODE",
+        "PAUSED",
         "STATUS",
         "AGE",
     ]
