@@ -153,6 +153,7 @@ def test_an_applied_pool_migrates_runs_its_workers_and_delivers(
         "AGE",
     ]
     assert (wide["DESIRED"], wide["DEAD"], wide["MODE"]) == ("1", "0", "Operator")
+    assert wide["PAUSED"] == "false"
     assert wide["STATUS"] == "1 of 1 workers available"
 
     # Drift made by hand is put back on the next resync.

@@ -26,6 +26,7 @@ import psycopg
 from aiohttp import web
 
 from leasebox import OutboxMessage, enqueue
+from leasebox.catalogue import Catalogue
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.testing.ports import free_port
 from leasebox.testing.smtp_sink import SmtpSink
@@ -38,6 +39,10 @@ CODE = "493817"
 BOUNCING = "bounce@example.com"
 RECIPIENT = "ada.lovelace@example.com"
 LEASEBOX = Path(sys.executable).with_name("leasebox")
+# A producer whose declaration of `verification` needs no variable: enqueue lets the message
+# without a link through, and the worker, whose template does need it, dead-letters it.
+_UNDECLARED_LINK = Catalogue()
+_UNDECLARED_LINK.register_template("verification")
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,10 @@ def seeded_outbox(dsn: str) -> Seeded:
             for n, kind in enumerate(["otp", "otp", "verification"], start=10)
         ]
         invalid = enqueue(
-            conn, _message("verification", RECIPIENT, 15, link=False), cipher=cipher
+            conn,
+            _message("verification", RECIPIENT, 15, link=False),
+            cipher=cipher,
+            catalogue=_UNDECLARED_LINK,
         ).outbox_id
         conn.commit()
         _drain(dsn, sink.url)
