@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install leasebox with its development tools
 
-tools: ## install system tools the tests use (promtool, kubectl) when missing and running as root
+tools: ## install system tools the tests use (promtool, kubectl, chromium) when missing and running as root
 	@if ! command -v promtool >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing promtool (Debian package prometheus)"; \
@@ -37,6 +37,12 @@ tools: ## install system tools the tests use (promtool, kubectl) when missing an
 	    echo "installing kubectl (Debian package kubernetes-client)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
 	  else echo "kubectl is missing: install the kubernetes-client package" >&2; fi; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (Debian package chromium, for the browser tests of leasebox web)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is missing: install the chromium package" >&2; fi; \
 	fi
 
 cluster-programs: ## build etcd, kube-apiserver, kube-controller-manager and kubectl once into ~/.cache/leasebox (needs Go; CI requires it)

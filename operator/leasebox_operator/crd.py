@@ -50,6 +50,8 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
      "description": "Dead letters", "priority": 1},
     {"name": "Mode", "type": "string", "jsonPath": ".spec.scaling.mode",
      "description": "Who sizes the pool: Operator or External", "priority": 1},
+    {"name": "Paused", "type": "boolean", "jsonPath": ".spec.paused",
+     "description": "Whether the workers are held at zero (spec.paused)", "priority": 1},
     {"name": "Status", "type": "string", "jsonPath": f"{READY_STATUS}.message",
      "description": "Why the pool is (not) ready", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

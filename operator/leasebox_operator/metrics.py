@@ -107,7 +107,7 @@ class OperatorMetrics:
         )
         self.paused = Gauge(
             "leasebox_pool_paused",
-            "1 when the pool's replicas are frozen",
+            "1 when the pool is paused (its workers held at 0)",
             POOL_LABELS,
             registry=r,
         )

@@ -408,7 +408,8 @@ class PoolSpec(Model):
     """Urgent kinds first: each listed kind's priority in the claim, and after how long a
     waiting message of a lower one goes ahead anyway. Unset: oldest first, whatever the kind."""
     paused: bool = False
-    """Freeze the replica count; the backlog is still observed and reported."""
+    """Scale the workers to zero and hold them there (nothing is deleted); the backlog is
+    still observed and reported. Clearing it hands the replicas back to the scaling mode."""
     monitoring: MonitoringSpec = Field(
         default_factory=MonitoringSpec, json_schema_extra=_EMPTY_DEFAULT
     )

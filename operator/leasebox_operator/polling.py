@@ -7,7 +7,9 @@ are injected too, so the whole loop is tested with fakes and no sleeping. A fail
 backlog read never touches the replicas: the pool keeps what it has, says so in a
 condition and an Event, and the caller waits a growing delay before the next try. In
 scaling mode External the replicas come from `spec.replicas` (an HPA's or `kubectl
-scale`'s), kept within min/max; everything else is observed and reported the same.
+scale`'s), kept within min/max; everything else is observed and reported the same. A paused
+pool (`spec.paused`) is scaled to zero workers and held there whatever its backlog or mode,
+deleting nothing; resuming hands it back to the policy (or to `spec.replicas`).
 """
 
 from __future__ import annotations
@@ -215,6 +217,8 @@ class PoolPoller:
             problems["workers"], summary = workers_problem(
                 replace(deployment, replicas=int(fields.get("replicas", deployment.replicas)))
             )
+            if spec.paused:
+                summary = "paused: the workers are held at 0 replicas"
         changed = await self.status.write(
             fields, updates, generation=generation, problems=problems, summary=summary
         )
@@ -296,9 +300,14 @@ class PoolPoller:
             None if outlook is None else outlook.quota_per_second,
             None if outlook is None else outlook.seconds_to_breach,
         )
+        if spec.paused:
+            # Paused: the workers go to zero and stay there; nothing is deleted, and the
+            # policy keeps observing, so that resuming starts from what it has seen.
+            target, limited = 0, False
+            reason = f"scale down {current}→0: spec.paused is true"
         fields: dict[str, Any] = {"desiredReplicas": target}
         replicas = current
-        if not spec.paused and target != current:
+        if target != current:
             await self.kube.scale(target)
             replicas = target
             self.metrics.scaled(self.namespace, self.name, current, replicas)
@@ -319,7 +328,7 @@ class PoolPoller:
         if spec.paused:
             updates.append(
                 ConditionUpdate.of(
-                    SCALING_LIMITED, False, "Paused", "the pool is paused; replicas are frozen"
+                    SCALING_LIMITED, False, "Paused", "the pool is paused; workers held at 0"
                 )
             )
         elif limited:
@@ -404,7 +413,10 @@ class PoolPoller:
     def _paused(spec: PoolSpec) -> ConditionUpdate:
         if spec.paused:
             return ConditionUpdate.of(
-                PAUSED, True, "PausedBySpec", "spec.paused is true: replicas are frozen"
+                PAUSED,
+                True,
+                "PausedBySpec",
+                "spec.paused is true: the workers are scaled to 0 and held there",
             )
         who = "the operator scales" if spec.scaling.mode == "Operator" else "spec.replicas sizes"
         return ConditionUpdate.of(PAUSED, False, "Active", f"{who} the pool")
@@ -442,5 +454,5 @@ class PoolPoller:
                 await self.kube.event(
                     "Normal",
                     "Paused" if new == "True" else "Resumed",
-                    "replicas frozen" if new == "True" else "scaling resumed",
+                    "workers scaled to 0 and held there" if new == "True" else "scaling resumed",
                 )

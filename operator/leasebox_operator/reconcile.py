@@ -125,7 +125,10 @@ def _version(obj: Mapping[str, Any] | None) -> str | None:
 
 
 def initial_replicas(pool: Pool) -> int:
-    """Replicas of a new worker Deployment: minReplicas, or spec.replicas in mode External."""
+    """Replicas of a new worker Deployment: minReplicas, or spec.replicas in mode External;
+    none for a paused pool."""
+    if pool.spec.paused:
+        return 0
     wanted = pool.spec.replicas if pool.spec.scaling.mode == "External" else None
     return children.clamp_replicas(wanted, pool)
 
@@ -210,8 +213,8 @@ async def apply_children(
     manifest["spec"]["replicas"] = initial_replicas(pool)  # used only when it is created
     deployment = await _apply_child(kube, owner, manifest, applied)
     current = int((deployment.get("spec") or {}).get("replicas") or 0)
-    bounded = children.clamp_replicas(current, pool)
-    if bounded != current and not pool.spec.paused:
+    bounded = 0 if pool.spec.paused else children.clamp_replicas(current, pool)
+    if bounded != current:
         await kube.scale(pool.namespace, pool.deployment_name, bounded)
         applied.actions.append(f"rescaled Deployment {pool.deployment_name} {current}→{bounded}")
     await _apply_child(kube, owner, children.pod_disruption_budget(pool), applied)

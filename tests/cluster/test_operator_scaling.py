@@ -3,11 +3,11 @@
 One pool goes through its life with the chart's operator: applied (children and status
 appear), a backlog arrives (replicas go up), the backlog drains (replicas come down after
 the stabilisation window), the database goes away (replicas kept, condition false) and
-comes back, the pool is paused (nothing changes), its spec turns invalid (a condition), and
-it is deleted (its children go). The pool's pods select a node that does not exist, so
-they stay Pending as on a full cluster and nothing drains the backlog but the test:
-the decisions are the operator's alone. "Nothing changed" is checked after the operator's
-poll counters show that it looked, never after a sleep.
+comes back, the pool is paused (its workers go to zero and stay there), its spec turns
+invalid (a condition), and it is deleted (its children go). The pool's pods select a node
+that does not exist, so they stay Pending as on a full cluster and nothing drains the
+backlog but the test: the decisions are the operator's alone. "Nothing changed" is checked
+after the operator's poll counters show that it looked, never after a sleep.
 """
 
 from __future__ import annotations
@@ -165,10 +165,10 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     database.allow_connections(True)
     pool.wait_condition("DatabaseReachable", "True")
 
-    # Paused: a new backlog changes nothing but the reported backlog.
+    # Paused: the workers go to zero; a new backlog changes nothing but the report.
     pool.patch_spec({"paused": True})
     pool.wait_condition("Paused", "True")
-    frozen = pool.replicas()
+    wait_for(lambda: pool.replicas() == 0, what="the paused pool at zero")
     database.insert_backlog(2000)
     wait_for(
         lambda: pool.status().get("backlog", {}).get("pending") == 2050,
@@ -176,7 +176,8 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
     )
     seen = metric(POLLS)
     wait_for(lambda: metric(POLLS) >= seen + 3, what="three more polls", timeout=60)
-    assert pool.replicas() == frozen
+    assert pool.replicas() == 0
+    assert pool.status()["desiredReplicas"] == 0
 
     # An invalid spec never reaches the operator: the server refuses it with the rule's
     # message (the operator's own refusal, for objects stored before a stricter CRD, is
@@ -185,7 +186,7 @@ def test_the_operator_scales_reports_holds_refuses_and_cleans_up_a_pool(
         pool.patch_spec({"scaling": {"minReplicas": 9}})
     assert refused.value.status == 422
     assert "minReplicas must not exceed maxReplicas" in str(refused.value)
-    assert pool.replicas() == frozen
+    assert pool.replicas() == 0
     assert {e.get("reportingComponent") for e in pool.events()} == {"leasebox-operator"}
 
     # Deleted: the children go with it.

@@ -148,10 +148,12 @@ def test_an_applied_pool_migrates_runs_its_workers_and_delivers(
         "SLA",
         "DEAD",
         "MODE",
+        "PAUSED",
         "STATUS",
         "AGE",
     ]
     assert (wide["DESIRED"], wide["DEAD"], wide["MODE"]) == ("1", "0", "Operator")
+    assert wide["PAUSED"] == "false"
     assert wide["STATUS"] == "1 of 1 workers available"
 
     # Drift made by hand is put back on the next resync.

@@ -67,7 +67,7 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
     with psycopg.connect(empty_db_dsn) as conn:
         described = describe_schema(conn, "mail_outbox")
         tables = {row[0] for row in described["columns"]}
-        assert {"outbox", "queue", "receipts", "history", "messages"} <= tables
+        assert {"outbox", "queue", "receipts", "history", "messages", "audit"} <= tables
         assert {t.split("_")[0] for t in tables} == {
             "guard",
             "outbox",
@@ -76,6 +76,7 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
             "history",
             "messages",
             "quotas",
+            "audit",
         }
         assert describe_schema(conn, "leasebox")["columns"] == []
 

@@ -195,6 +195,8 @@ def test_the_command_exits_non_zero_with_the_reason_when_a_guarantee_breaks(
         keep_data=False,
         seed=1,
         no_live=True,
+        sla=10.0,
+        no_alerts=True,
         json=True,
     )
     assert demo_command.run(args) == demo_command.EXIT_VIOLATED

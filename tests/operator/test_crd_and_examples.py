@@ -91,7 +91,8 @@ def test_printer_columns_put_the_summary_first_and_details_at_priority_one() -> 
     columns = {c["name"]: c.get("priority", 0) for c in version["additionalPrinterColumns"]}
     assert [n for n, p in columns.items() if p == 0] == [
         "Kinds", "Ready", "Replicas", "Pending", "Oldest", "SLA", "Age"]  # fmt: skip
-    assert [n for n, p in columns.items() if p == 1] == ["Desired", "Dead", "Mode", "Status"]
+    assert [n for n, p in columns.items() if p == 1] == [
+        "Desired", "Dead", "Mode", "Paused", "Status"]  # fmt: skip
     types = {c["name"]: c["type"] for c in version["additionalPrinterColumns"]}
     assert types["Kinds"] == "string"  # the status line, not the JSON array of spec.kinds
     assert types["Oldest"] == types["SLA"] == "integer"

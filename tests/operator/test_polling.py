@@ -173,21 +173,29 @@ async def test_database_outage_keeps_replicas_and_backs_off_with_one_event(
     assert harness.kube.reasons()[-1] == "DatabaseReachable"
 
 
-async def test_pause_freezes_replicas_but_reports_backlog_and_desire(harness: Harness) -> None:
+async def test_pause_scales_to_zero_and_holds_there_while_the_backlog_is_reported(
+    harness: Harness,
+) -> None:
     await harness.poll()
     paused = _spec(paused=True)
     harness.source.next = _backlog(5000, age=50)
     for _ in range(3):
         await harness.poll(paused)
-    assert harness.kube.scaled == []
-    assert harness.status.fields["desiredReplicas"] > 1
-    assert harness.status.fields["replicas"] == 1
+    assert harness.kube.scaled == [0]
+    assert harness.status.fields["desiredReplicas"] == 0
+    assert harness.status.fields["replicas"] == 0
     assert harness.status.fields["backlog"]["pending"] == 5000
     assert harness.condition("Paused")["status"] == "True"
-    assert "Paused" in harness.kube.reasons()
+    assert harness.condition("ScalingLimited")["reason"] == "Paused"
+    assert harness.kube.reasons()[-2:] == ["ScaledDown", "Paused"]
+    assert harness.kube.events[-2][2] == "scale down 1→0: spec.paused is true"
     assert harness.sample("leasebox_pool_paused") == 1
+    # In mode External too: spec.replicas (an HPA's) does not bring the workers back.
+    external = _spec(paused=True, replicas=4, scaling={**SPEC["scaling"], "mode": "External"})
+    await harness.poll(external)
+    assert harness.kube.scaled == [0]
     await harness.poll()
-    assert harness.kube.scaled
+    assert harness.kube.scaled[-1] > 1
     assert harness.kube.reasons()[-2:] == ["ScaledUp", "Resumed"]
 
 
@@ -281,7 +289,7 @@ async def test_ready_sums_up_database_schema_and_workers(harness: Harness) -> No
     await harness.poll()
     assert _ready(harness) == ("True", "Available", "1 of 1 workers available")
     harness.kube.deployment = DeploymentState(2, 0, 0)
-    await harness.poll(_spec(paused=True))
+    await harness.poll(_spec(replicas=2, scaling={**SPEC["scaling"], "mode": "External"}))
     status, reason, message = _ready(harness)
     assert (status, reason) == ("False", "WorkersUnavailable")
     assert message.startswith("0 of 2 workers are available")

@@ -149,7 +149,7 @@ def test_the_settling_statements_find_rows_and_claims_by_key_and_never_scan(
 def test_purging_dead_letters_finds_their_message_history_and_receipts_by_key(
     seeded: psycopg.Connection[Any],
 ) -> None:
-    params = {"kinds": None, "reason": None, "older_than_seconds": None, "ids": None, "limit": 50}
+    params = DeadLetterFilter(limit=50).params()
     found = plan(seeded, "purge_dead_letters", params)
     assert not full_scans(seeded, found) - {"Seq Scan on queue"}, reads(found)
     used = indexes(seeded, found)

@@ -156,3 +156,19 @@ the Deployment's scale subresource; Events are created, never updated.
   resources: ["podmonitors", "prometheusrules"]
   verbs: ["get", "create", "patch", "delete"]
 {{- end }}
+
+{{/*
+Labels of the `leasebox web` resources (labels plus the component).
+*/}}
+{{- define "leasebox.webLabels" -}}
+{{ include "leasebox.labels" . }}
+app.kubernetes.io/component: web
+{{- end }}
+
+{{/*
+Selector labels of the `leasebox web` pods.
+*/}}
+{{- define "leasebox.webSelectorLabels" -}}
+{{ include "leasebox.selectorLabels" . }}
+app.kubernetes.io/component: web
+{{- end }}

@@ -67,11 +67,68 @@ def register(subparsers: Any) -> None:
         "(the default when stdout is not a terminal)",
     )
     parser.add_argument(
+        "--sla",
+        type=_duration_of("SLA", 1, 120),
+        default=10.0,
+        metavar="SECONDS",
+        help="the oldest pending message's SLA the pool is scaled to and judged by (default: 10)",
+    )
+    parser.add_argument(
+        "--no-alerts",
+        action="store_true",
+        help="run without Prometheus and the chart's alerts (by default they run when a "
+        "prometheus binary is on the PATH)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print the summary as JSON on stdout (progress goes to stderr)",
     )
     parser.set_defaults(func=run)
+
+
+def _duration_of(what: str, low: float, high: float) -> Any:
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+        if not low <= seconds <= high:
+            raise argparse.ArgumentTypeError(f"the {what} must be between {low} and {high} s")
+        return seconds
+
+    return parse
+
+
+def observatory(no_alerts: bool, progress: Any) -> Any:
+    """Prometheus, the chart's rules and the operator's metrics, or None without alerts.
+
+    A missing `prometheus` binary is one line and a run without alerts, except under `CI`,
+    where the alerts are part of what is checked.
+    """
+    import os
+
+    from leasebox.demo.monitoring import Observatory, find_prometheus
+    from leasebox.errors import ConfigurationError
+
+    if no_alerts:
+        return None
+    binary = find_prometheus()
+    if binary is None:
+        if os.environ.get("CI"):
+            raise ConfigurationError(
+                "prometheus is not on the PATH: `make tools` installs Debian's prometheus"
+            )
+        print(
+            "leasebox demo: no prometheus on the PATH, so no alerts this run "
+            "(`make tools` installs Debian's prometheus)",
+            file=progress,
+        )
+        return None
+    from leasebox_operator.alerts import rules_text
+    from leasebox_operator.metrics import OperatorMetrics
+
+    return Observatory(binary, rules_text(), OperatorMetrics())
 
 
 def _duration(value: str) -> float:
@@ -99,14 +156,16 @@ def run(args: argparse.Namespace) -> int:
     from leasebox.demo.scenario import Scenario
 
     scenario = Scenario() if args.duration == 60.0 else Scenario.shortened(args.duration)
+    progress = sys.stderr if args.json else sys.stdout
     settings = DemoSettings(
         data_dir=args.data_dir,
         keep_data=args.keep_data,
         keep_running=args.keep_running,
         scenario=scenario,
         seed=args.seed,
+        sla_seconds=args.sla,
+        observatory=observatory(args.no_alerts, progress),
     )
-    progress = sys.stderr if args.json else sys.stdout
     live = progress.isatty() and not args.no_live
 
     def report(summary: Summary) -> None:

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "leasebox.cli.worker",
     "leasebox.cli.maintenance",
     "leasebox.cli.trace",
+    "leasebox.cli.web",
     "leasebox.cli.keys",
     "leasebox.cli.operator",
     "leasebox.cli.simulate",

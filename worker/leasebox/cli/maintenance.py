@@ -38,7 +38,13 @@ def register(subparsers: Any) -> None:
             "possibly_delivered",
         )
         parser.add_argument(
+            "--error-class", help="the last error's class, e.g. smtp_550 or http_timeout"
+        )
+        parser.add_argument(
             "--older-than", metavar="DURATION", help="dead for longer than this, e.g. 1h or 7d"
+        )
+        parser.add_argument(
+            "--newer-than", metavar="DURATION", help="dead for less than this, e.g. 15m or 1d"
         )
         parser.add_argument(
             "--id",
@@ -111,7 +117,9 @@ def _selection(args: argparse.Namespace) -> Any:
     return DeadLetterFilter(
         kinds=tuple(args.kind) if args.kind else None,
         reason=args.reason or None,
+        error_class=args.error_class or None,
         older_than_seconds=parse_duration(args.older_than) if args.older_than else None,
+        newer_than_seconds=parse_duration(args.newer_than) if args.newer_than else None,
         ids=ids or None,
         limit=args.limit,
     )

@@ -30,6 +30,7 @@ from leasebox.demo.report import (
     ScalingEvent,
 )
 from leasebox.demo.scenario import REJECTED_ADDRESS, ClientRecord
+from leasebox.demo.sla import SlaAccount
 from leasebox.inspection.narrative import chronicle
 from leasebox.inspection.trace import SendStory, build_story
 from leasebox.states import Event
@@ -48,6 +49,9 @@ class EvidenceLog:
     kills: list[Kill] = field(default_factory=list)
     scaling: list[ScalingEvent] = field(default_factory=list)
     unfinished: int = -1  # rows pending or processing at the last look; -1 before the first
+    # The oldest pending message's age at each look (t, seconds), and the scripted events.
+    oldest: list[tuple[float, float]] = field(default_factory=list)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
 
 
 def check_codes(
@@ -118,6 +122,7 @@ async def gather_evidence(
     scenario: str,
     wall_seconds: float,
     outbox_schema: str = "leasebox",
+    sla: SlaAccount | None = None,
 ) -> Evidence:
     cur = await conn.execute(query("audit_outbox", outbox_schema, DEMO_SQL))
     rows = [OutboxRow(*row) for row in await cur.fetchall()]
@@ -152,4 +157,5 @@ async def gather_evidence(
         codes_mismatched=mismatched,
         wall_seconds=wall_seconds,
         scenario=scenario,
+        sla=sla,
     )

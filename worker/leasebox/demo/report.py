@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from leasebox.demo.sla import SlaAccount, render_sla
+
 CAUSE_KILLED = "worker killed mid-send"
 CAUSE_LEASE_LOST = "lease lost"
 CAUSE_AMBIGUOUS = "ambiguous send"
@@ -126,6 +128,7 @@ class Evidence:
     codes_mismatched: int = 0
     wall_seconds: float = 0.0
     scenario: str = ""
+    sla: SlaAccount | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,8 @@ class Summary:
     scaling: tuple[ScalingEvent, ...]
     codes_checked: int
     codes_mismatched: int
+    sla: SlaAccount | None = None
+    late_messages: int = 0
 
     def duplicates_by_cause(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -261,6 +266,8 @@ def summarise(evidence: Evidence) -> Summary:
         scaling=tuple(evidence.scaling),
         codes_checked=evidence.codes_checked,
         codes_mismatched=evidence.codes_mismatched,
+        sla=evidence.sla,
+        late_messages=sum(1 for s in latencies if evidence.sla and s > evidence.sla.sla_seconds),
     )
 
 
@@ -420,6 +427,14 @@ def render(summary: Summary) -> str:
         )
     if not summary.scaling:
         lines.append("  none")
+    if summary.sla is not None:
+        lines += render_sla(
+            summary.sla,
+            late=summary.late_messages,
+            delivered=summary.delivered,
+            p99=summary.latency_p99,
+            worst=summary.latency_max,
+        )
     reasons = verdict(summary)
     lines.append("")
     if reasons:

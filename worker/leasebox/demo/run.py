@@ -30,13 +30,15 @@ from leasebox.db.migrations import migrate
 from leasebox.db.queries import query
 from leasebox.demo.display import Display, status_line
 from leasebox.demo.evidence import DEMO_SQL, EvidenceLog, gather_evidence
+from leasebox.demo.monitoring import Alerting, Observatory
 from leasebox.demo.otp_api import OtpApiSettings, build_app, create_schema
 from leasebox.demo.pool import WorkerOptions, WorkerPool
 from leasebox.demo.report import Kill, ScalingEvent, Summary, summarise
 from leasebox.demo.scenario import REJECTED_ADDRESS, LoadClients, Scenario
+from leasebox.demo.sla import SlaAccount, account
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from leasebox.scaling.policy import Observation, PolicyState, ScalingSpec, decide
-from leasebox.store.backlog import fetch_backlog_async
+from leasebox.store.backlog import Backlog, fetch_backlog_async
 from leasebox.testing.embedded import EmbeddedPostgres
 from leasebox.testing.ports import free_port
 from leasebox.testing.smtp_sink import SmtpSink
@@ -57,6 +59,9 @@ class DemoSettings:
     seed: makes the request schedule and the retried requests reproducible.
     min_workers, max_workers, sla_seconds: the scaling policy's bounds and promise.
     drain_timeout: how long to wait after the traffic for the backlog to empty.
+    observatory: a Prometheus to run with the chart's rules, and the operator's metrics to
+    export (None: no alerts).
+    clear_timeout: how long to wait after the drain for the SLA alerts to clear.
     """
 
     data_dir: Path = Path("build/leasebox-demo")
@@ -68,6 +73,8 @@ class DemoSettings:
     max_workers: int = 6
     sla_seconds: float = 10.0
     drain_timeout: float = 60.0
+    observatory: Observatory | None = None
+    clear_timeout: float = 30.0
 
     def scaling_spec(self) -> ScalingSpec:
         k = min(1.0, self.scenario.duration / 60.0)
@@ -95,6 +102,9 @@ class _Run:
         self.state = PolicyState()
         self.log = EvidenceLog()
         self.started = time.monotonic()
+        self.started_at = time.time()
+        observatory = settings.observatory
+        self.alerting = None if observatory is None else Alerting(observatory, settings)
         self.sink = SmtpSink(
             rejected=[REJECTED_ADDRESS],
             delay_seconds=settings.scenario.sink_delay_seconds,
@@ -125,6 +135,8 @@ class _Run:
         )
         decision = decide(observation, self.spec, self.state)
         self.state = decision.state
+        self.log.oldest.append((round(self.elapsed(), 1), backlog.oldest_pending_age_seconds))
+        self._export(backlog, clients, pool, decision.replicas)
         if decision.replicas != pool.desired:
             self.log.scaling.append(
                 ScalingEvent(self.elapsed(), pool.desired, decision.replicas, decision.reason)
@@ -152,6 +164,39 @@ class _Run:
             )
         )
 
+    def _export(
+        self, backlog: Backlog, clients: LoadClients, pool: WorkerPool, desired: int
+    ) -> None:
+        """The operator's metrics of this poll, and the workers Prometheus should scrape."""
+        if self.alerting is not None:
+            arrived = clients.record.arrival_rate(time.monotonic(), RATE_WINDOW_SECONDS)
+            self.alerting.export(
+                backlog,
+                arrived=arrived,
+                replicas=pool.desired,
+                ready=pool.ready_replicas,
+                desired=desired,
+                worker_ports=pool.metrics_ports(),
+            )
+
+    def sla_account(self) -> SlaAccount:
+        alerting = self.alerting
+        monitoring = "none: run without Prometheus" if alerting is None else alerting.described
+        scenario = self.settings.scenario
+        scripted = [
+            (scenario.burst_start, f"burst of {scenario.burst_requests} logins begins"),
+            (scenario.burst_end, "burst ends"),
+            *self.log.timeline,
+        ]
+        return account(
+            self.log.oldest,
+            self.settings.sla_seconds,
+            alerts=alerting.watch.all() if alerting is not None else (),
+            timeline=scripted,
+            monitoring=monitoring,
+            traffic_started_at=self.started_at,
+        )
+
     async def kill_busiest(self, conn: psycopg.AsyncConnection[Any], pool: WorkerPool) -> None:
         """SIGKILL the running worker holding the most leases, then note what it held."""
         deadline = time.monotonic() + 5.0
@@ -174,6 +219,7 @@ class _Run:
         cur = await conn.execute(query("leased_by_worker", SCHEMA, DEMO_SQL), {"worker_id": victim})
         leased = frozenset(int(r[0]) for r in await cur.fetchall())
         self.log.kills.append(Kill(victim, at, leased))
+        self.log.timeline.append((round(at, 1), f"worker {victim} killed with SIGKILL"))
         self.display.event(
             at,
             f"killed {victim} with SIGKILL while it held {len(leased)} lease(s); they come "
@@ -185,12 +231,16 @@ class _Run:
         scenario = self.settings.scenario
         await self._at(scenario.failure_start)
         self.sink.failing = True
-        self.display.event(self.elapsed(), "the SMTP server starts answering 451 (transient)")
+        self._scripted("the SMTP server starts answering 451 (transient)")
         await self._at(scenario.failure_end)
         self.sink.failing = False
-        self.display.event(self.elapsed(), "the SMTP server accepts mail again")
+        self._scripted("the SMTP server accepts mail again")
         await self._at(scenario.kill_at)
         await self.kill_busiest(conn, pool)
+
+    def _scripted(self, text: str) -> None:
+        self.display.event(self.elapsed(), text)
+        self.log.timeline.append((round(self.elapsed(), 1), text))
 
     async def _at(self, t: float) -> None:
         delay = self.started + t - time.monotonic()
@@ -275,8 +325,12 @@ async def _run_with_database(
                 await asyncio.sleep(0.1)
                 for line in await pool.reconcile():
                     display.note(line)
+            if run.alerting is not None:
+                await run.alerting.start(session)
+                display.note(f"Prometheus on {run.alerting.url}, with the chart's alert rules")
             clients = LoadClients(base_url, settings.scenario, settings.seed)
             run.started = time.monotonic()
+            run.started_at = time.time()
             display.note(
                 f"scenario: {settings.scenario.name}, traffic for {settings.scenario.duration:g}s"
             )
@@ -284,14 +338,23 @@ async def _run_with_database(
                 asyncio.create_task(_every(1.0, lambda: run.control(conn, pool, clients))),
                 asyncio.create_task(run.script(conn, pool)),
             ]
+            alerting = run.alerting
+            if alerting is not None:
+                tasks.append(
+                    asyncio.create_task(
+                        _every(1.0, lambda: alerting.watch.look(session, run.elapsed()))
+                    )
+                )
             await clients.run(session, run.started)
             await run._at(settings.scenario.duration)
-            display.event(run.elapsed(), "traffic over; waiting for the backlog to drain")
+            run._scripted("traffic over; waiting for the backlog to drain")
             drain_deadline = time.monotonic() + settings.drain_timeout
             while not _drained(run, tasks):
                 if time.monotonic() >= drain_deadline:
                     break
                 await asyncio.sleep(0.5)
+            if run.alerting is not None:
+                await run.alerting.wait_for_sla_alerts(settings.clear_timeout)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -306,6 +369,7 @@ async def _run_with_database(
                 api_settings,
                 scenario=settings.scenario.name,
                 wall_seconds=time.monotonic() - wall_start,
+                sla=run.sla_account(),
             )
             summary = summarise(evidence)
             report(summary)
@@ -317,6 +381,8 @@ async def _run_with_database(
     finally:
         for task in tasks:
             task.cancel()
+        if run.alerting is not None:
+            await run.alerting.stop()
         await pool.close()
         await session.close()
         await runner.cleanup()

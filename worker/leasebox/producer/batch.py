@@ -48,6 +48,7 @@ from leasebox.messages import (
 )
 from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
+from leasebox.producer.plan import carried_trace_context
 
 __all__ = ["enqueue_many", "enqueue_many_async"]
 
@@ -163,6 +164,7 @@ def _prepare(
         **columns,
         "scope": scope_name,
         "ttl_seconds": receipt_ttl_seconds,
+        "trace_context": carried_trace_context(),
     }
     return _Batch(
         lock,

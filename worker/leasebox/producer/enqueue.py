@@ -31,7 +31,7 @@ from leasebox.messages import (
 )
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
-from leasebox.producer.plan import Plan, Step, one, run, run_async
+from leasebox.producer.plan import Plan, Step, carried_trace_context, one, run, run_async
 
 __all__ = ["DEFAULT_RECEIPT_TTL_SECONDS", "enqueue", "enqueue_async"]
 
@@ -134,6 +134,7 @@ def _plan(
         # Taken by the statement itself, first, unless an earlier step took them.
         "locks": keys if locks else [],
         "replacement_key": message.replacement_key,
+        "trace_context": carried_trace_context(),
     }
     row = yield one("enqueue", write)
     if row is None:

@@ -14,8 +14,10 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from leasebox.db.queries import query_bytes
+from leasebox.tracecontext import current_trace_context
 
 T = TypeVar("T")
 Row = dict[str, Any] | None
@@ -27,6 +29,12 @@ class Step:
     """Named statements sent together; the plan receives the last one's first row."""
 
     queries: tuple[tuple[str, dict[str, Any]], ...]
+
+
+def carried_trace_context() -> Jsonb | None:
+    """The caller's trace context as the write's parameter, when the caller has one."""
+    carrier = current_trace_context()
+    return None if carrier is None else Jsonb(carrier)
 
 
 def one(name: str, params: dict[str, Any]) -> Step:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import signal
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ from leasebox.producer.payload_crypto import default_cipher
 from leasebox.runtime.health import HealthServer, build_app
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.settings import WorkerSettings
+from leasebox.runtime.tracing import DeliveryTracing, provider_from_environment
 from leasebox.runtime.worker import Worker
 
 log = logging.getLogger("leasebox.worker")
@@ -86,6 +88,7 @@ class ProcessConfig:
 async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> int:
     """Run one worker process until SIGTERM (or drained); returns the exit code."""
     settings = config.settings
+    traces = provider_from_environment(os.environ)
     provider = provider_from_url(config.provider_url, timeout=config.provider_timeout)
     renderer = TemplateRenderer(config.templates_dir)
     cipher = default_cipher()
@@ -123,6 +126,9 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
             dsn=config.dsn,
             cipher=cipher,
             metrics=metrics,
+            tracing=None
+            if traces is None
+            else DeliveryTracing(traces, provider_name=provider.name, worker_id=settings.worker_id),
         )
         if newer:
             worker.notes.append(newer)
@@ -148,6 +154,8 @@ async def serve(config: ProcessConfig, metrics: WorkerMetrics | None = None) -> 
             await health.stop()
         await pool.close()
         await provider.close()
+        if traces is not None:
+            traces.shutdown()
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -66,6 +66,7 @@ from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.quota import QuotaGate
 from leasebox.runtime.settings import AGED_SHARE, WorkerSettings
+from leasebox.runtime.tracing import DeliveryTracing
 from leasebox.states import DeadReason
 from leasebox.store import claiming
 from leasebox.store.claiming import ClaimedMessage, Cursor
@@ -134,6 +135,7 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], datetime | None] = database_clock,
         rng: Callable[[], float] = random.random,
+        tracing: DeliveryTracing | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or WorkerMetrics()
@@ -143,6 +145,10 @@ class Worker:
         self._provider = provider
         self._renderer = renderer
         self._reads_content = reads_content(provider)
+        # Spans of each delivery (None: off); they need the message's stored trace context,
+        # which the claim reads with the content.
+        self._tracing = tracing
+        self._claims_content = self._reads_content or tracing is not None
         self._provider_name = provider.name
         self._dsn = dsn
         self._cipher = cipher or default_cipher()
@@ -366,6 +372,8 @@ class Worker:
         await self._completions.close()
         flusher.cancel()
         await asyncio.gather(flusher, return_exceptions=True)
+        if self._tracing is not None:
+            self._tracing.close()
 
     # -- claiming ----------------------------------------------------------------------------
 
@@ -453,6 +461,8 @@ class Worker:
             self._aged_credit = min(limit, self._aged_credit + limit * AGED_SHARE)
             aged_limit = int(self._aged_credit)
             self._aged_credit -= aged_limit
+        tracing = self._tracing
+        claim_started = time.time_ns() if tracing is not None else 0
         async with asyncio.timeout(STATEMENT_TIMEOUT), self._pool.connection() as conn:
             rows = await claiming.claim(
                 conn,
@@ -462,12 +472,14 @@ class Worker:
                 worker_id=s.worker_id,
                 schema=s.schema,
                 now=self._clock(),
-                content=self._reads_content,
+                content=self._claims_content,
                 after=after,
                 priorities=self._priority,
                 aging=self._aging,
                 aged_limit=aged_limit,
             )
+        if tracing is not None and rows:
+            tracing.claimed(rows, claim_started, time.time_ns())
         self.rounds["claim"] += 1
         self._move_cursors(rows, full=len(rows) == limit, rescanned=after is None)
         if self._prioritised:
@@ -508,12 +520,16 @@ class Worker:
     def _outcome(self, held: Held, action: Settlement) -> None:
         """Hand a held row's outcome to the batcher; its send slot is free from now on."""
         self._settling += 1
+        if self._tracing is not None:
+            self._tracing.settling(held.message.id, type(action).__name__.lower())
         self._completions.put(Outcome(held.message, action))
         self._room.set()
 
     def _settled(self, outbox_id: int) -> None:
         if self._held.pop(outbox_id, None) is not None:
             self._settling -= 1
+        if self._tracing is not None:
+            self._tracing.settled(outbox_id)
         self._room.set()
 
     def _lease_deadline(self, outbox_id: int) -> float | None:
@@ -556,18 +572,27 @@ class Worker:
         if self._reads_content and message.recipient is None:
             self._failed(held, _MISSING_MESSAGE)
             return
+        tracing = self._tracing
+        step_started = time.time_ns() if tracing is not None else 0
         try:
             email = self._prepare(held)
         except MissingPayloadKeys:
             self._keys_missing(held)
             return
         except Exception as exc:
-            self._failed(held, classify(exc))
+            failure = classify(exc)
+            if tracing is not None:
+                tracing.rendered(message.id, step_started, failure.code)
+            self._failed(held, failure)
             return
+        if tracing is not None:
+            tracing.rendered(message.id, step_started)
         if self.quota is not None and not await self._quota_token(held, self.quota):
             return
         if message.replacement_key is not None and await self._replaced(held):
             return
+        if tracing is not None:
+            step_started = time.time_ns()
         metrics = self.metrics
         metrics.sending += 1
         started = time.monotonic()
@@ -588,6 +613,13 @@ class Worker:
         finally:
             metrics.sending -= 1
         elapsed = time.monotonic() - started
+        if tracing is not None:
+            if isinstance(outcome, Accepted):
+                tracing.sent(
+                    message.id, step_started, provider_message_id=outcome.provider_message_id
+                )
+            else:
+                tracing.sent(message.id, step_started, failure=outcome.code)
         if isinstance(outcome, Accepted):
             metrics.record_send(message.kind, self._provider_name, outcome.outcome, elapsed)
             for warning in outcome.warnings:

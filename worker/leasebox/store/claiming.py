@@ -9,7 +9,8 @@ about the row must match (`settling`), so a worker that lost its lease can no lo
 the row. The statement also writes each claim to the attempt history (`claimed`: the
 attempt, the token, the worker, when the lease runs out), at no extra round trip, and reads
 each message's content from the outbox, unless the caller's provider reads none
-(`content=False`: recipient, template, data and secrets then come back empty).
+(`content=False`: recipient, template, data, secrets and the enqueuing request's trace
+context then come back empty).
 
 `now` is None in production (the database's clock, shared by all workers); tests pass a
 datetime to move time without sleeping.
@@ -60,6 +61,8 @@ class ClaimedMessage(NamedTuple):
     available_at: datetime
     # Messages of one replacement key replace one another (None: nothing replaces this one).
     replacement_key: str | None = None
+    # The enqueuing request's trace context (a W3C carrier), read with the content only.
+    trace_context: Mapping[str, Any] | None = None
 
     @property
     def lease(self) -> LeaseRef:

@@ -25,7 +25,9 @@ class DeadLetterFilter:
 
     kinds: tuple[str, ...] | None = None
     reason: str | None = None
+    error_class: str | None = None
     older_than_seconds: float | None = None
+    newer_than_seconds: float | None = None
     ids: tuple[int, ...] | None = None
     limit: int | None = None
 
@@ -33,7 +35,9 @@ class DeadLetterFilter:
         return {
             "kinds": list(self.kinds) if self.kinds else None,
             "reason": self.reason,
+            "error_class": self.error_class,
             "older_than_seconds": self.older_than_seconds,
+            "newer_than_seconds": self.newer_than_seconds,
             "ids": list(self.ids) if self.ids else None,
             "limit": self.limit,
         }

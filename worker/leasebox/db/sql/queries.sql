@@ -133,7 +133,8 @@ FROM {schema}.enqueue_message(
     p_request_hash => %(request_hash)s::text,
     p_ttl_seconds => %(ttl_seconds)s::float8,
     p_locks => %(locks)s::text[],
-    p_replacement_key => %(replacement_key)s::text
+    p_replacement_key => %(replacement_key)s::text,
+    p_trace_context => %(trace_context)s::jsonb
 );
 
 -- name: lock_keys
@@ -264,10 +265,11 @@ keyed AS (
 inserted AS (
     INSERT INTO {schema}.outbox
         (id, bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash,
-         template, data, secrets, delivery_key, max_attempts, expires_at, replacement_key)
+         template, data, secrets, delivery_key, max_attempts, expires_at, replacement_key,
+         trace_context)
     SELECT w.id, w.bucket, w.kind, w.aggregate_id, w.recipient, w.recipient_key, %(scope)s,
            w.message_hash, w.template, w.data, w.secrets, w.delivery_key, w.max_attempts,
-           w.expires_at, w.replacement_key
+           w.expires_at, w.replacement_key, %(trace_context)s::jsonb
     FROM keyed AS w
     ORDER BY w.ord
 ),
@@ -448,7 +450,7 @@ logged AS (
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token::text,
        c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
-       c.available_at, c.replacement_key
+       c.available_at, c.replacement_key, o.trace_context
 FROM claimed AS c
 LEFT JOIN LATERAL (
     SELECT m.recipient, m.template, m.data, m.secrets FROM {schema}.outbox AS m
@@ -463,7 +465,8 @@ ORDER BY c.available_at, c.id;
 SELECT c.id, c.kind, c.aggregate_id, NULL::text AS recipient, NULL::text AS template,
        NULL::jsonb AS data, NULL::bytea AS secrets, c.delivery_key, c.attempts,
        c.max_attempts, c.expires_at, c.lease_token::text, c.lease_expires_at, c.created_at,
-       coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at, c.replacement_key
+       coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at, c.replacement_key,
+       NULL::jsonb AS trace_context
 FROM claimed AS c
 ORDER BY c.available_at, c.id;
 
@@ -813,12 +816,16 @@ logged AS (
 SELECT id, kind FROM dead;
 
 -- fragment: dead_letter_selection
--- The filters of `leasebox dead-letters`: kinds, reason, age and ids, each optional.
+-- The filters of `leasebox dead-letters` and `leasebox web`: kinds, reason, error class, age
+-- (dead for longer than, dead for less than) and ids, each optional.
 status = 'dead'
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
   AND (%(reason)s::text IS NULL OR dead_reason = %(reason)s::text)
+  AND (%(error_class)s::text IS NULL OR last_error_class = %(error_class)s::text)
   AND (%(older_than_seconds)s::float8 IS NULL
        OR updated_at < now() - make_interval(secs => %(older_than_seconds)s::float8))
+  AND (%(newer_than_seconds)s::float8 IS NULL
+       OR updated_at >= now() - make_interval(secs => %(newer_than_seconds)s::float8))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
 
 -- name: list_dead_letters

@@ -47,6 +47,9 @@ CREATE TABLE {schema}.outbox (
     -- Messages of one replacement key replace one another ("resend code"): the newest
     -- supersedes every older one not yet sent (`leasebox.messages.OutboxMessage`).
     replacement_key text,
+    -- The enqueuing request's trace context (W3C `traceparent`, `tracestate`), when the
+    -- application traced it: the worker continues that trace.
+    trace_context jsonb,
     PRIMARY KEY (id, bucket),
     UNIQUE (delivery_key, bucket)
 ) PARTITION BY RANGE (bucket);
@@ -204,12 +207,31 @@ ALTER SEQUENCE {schema}.history_id_seq OWNED BY {schema}.history.id;
 CREATE INDEX history_outbox_idx ON {schema}.history (outbox_id);
 -- Sends per second of a kind (the backlog's rate window).
 CREATE INDEX history_sent_idx ON {schema}.history (kind, at) WHERE event = 'sent';
+-- Failed attempts of the last minutes (the overview of `leasebox web`); written only on a failure.
+CREATE INDEX history_failures_idx ON {schema}.history (at)
+    WHERE event IN ('retry', 'ambiguous', 'dead', 'lease_lost', 'lease_expired');
 
 CREATE TABLE {schema}.history_default PARTITION OF {schema}.history DEFAULT;
 
 -- The history of the messages retention keeps (see `outbox_kept`).
 CREATE TABLE {schema}.history_kept PARTITION OF {schema}.history
     FOR VALUES FROM ('9999-12-31') TO (MAXVALUE);
+
+-- What people did through `leasebox web`: one row per action asked for (requeue, purge, ...),
+-- with who, when, the selection it applied to, how many rows it touched, and whether it was
+-- done or refused (no role, read-only mode, a failed CSRF check). Append-only.
+CREATE TABLE {schema}.audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    actor text NOT NULL,
+    action text NOT NULL CHECK (action ~ '^[a-z][a-z0-9_]{{0,62}}$'),
+    outcome text NOT NULL CHECK (outcome IN ('done', 'refused', 'failed')),
+    selection jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+    affected integer NOT NULL DEFAULT 0,
+    detail text
+);
+
+CREATE INDEX audit_at_idx ON {schema}.audit (at);
 
 -- One row per logical send with where it is: the queue's state while it is there; once it is
 -- gone, how it left, from its last `sent` or `superseded` history row (with when, by whom,
@@ -286,7 +308,8 @@ CREATE FUNCTION {schema}.enqueue_message(
     p_request_hash text,
     p_ttl_seconds double precision,
     p_locks text[],
-    p_replacement_key text
+    p_replacement_key text,
+    p_trace_context jsonb DEFAULT NULL
 ) RETURNS TABLE (source text, outbox_id bigint, delivery_key text, request_hash text)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
@@ -347,10 +370,12 @@ BEGIN
     IF v_source = 'inserted' THEN
         INSERT INTO {schema}.outbox
             (bucket, kind, aggregate_id, recipient, recipient_key, scope, message_hash,
-             template, data, secrets, delivery_key, max_attempts, expires_at, replacement_key)
+             template, data, secrets, delivery_key, max_attempts, expires_at, replacement_key,
+             trace_context)
         VALUES ((now() AT TIME ZONE 'UTC')::date, p_kind, p_aggregate_id, p_recipient,
                 p_recipient_key, p_scope, p_message_hash, p_template, p_data, p_secrets,
-                p_delivery_key, p_max_attempts, p_expires_at, p_replacement_key)
+                p_delivery_key, p_max_attempts, p_expires_at, p_replacement_key,
+                p_trace_context)
         ON CONFLICT (delivery_key, bucket) DO NOTHING
         RETURNING id, bucket, created_at INTO v_message;
         IF NOT FOUND THEN

@@ -23,5 +23,5 @@ def forwards(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = [("leasebox", "0006_leasebox_schema")]
+    dependencies = [("leasebox", "0008_leasebox_schema")]
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop, elidable=False)]
