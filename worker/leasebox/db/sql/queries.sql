@@ -453,7 +453,7 @@ SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.available_at, c.replacement_key, o.trace_context
 FROM claimed AS c
 LEFT JOIN LATERAL (
-    SELECT m.recipient, m.template, m.data, m.secrets FROM {schema}.outbox AS m
+    SELECT m.recipient, m.template, m.data, m.secrets, m.trace_context FROM {schema}.outbox AS m
     WHERE m.id = c.id AND m.bucket = c.bucket
     LIMIT 1
 ) AS o ON true
