@@ -73,6 +73,9 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
             "receipts",
             "history",
             "messages",
+            "events",
+            "suppressions",
+            "feedback",
         }
         assert describe_schema(conn, "leasebox")["columns"] == []
 
@@ -172,7 +175,8 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
             ).fetchall()
         )
 
-    assert [m.version for m in migrate(empty_db_dsn)] == [4]
+    later = [m.version for m in available_migrations() if m.version > 3]
+    assert [m.version for m in migrate(empty_db_dsn)] == later
 
     with psycopg.connect(empty_db_dsn) as conn:
         found = {

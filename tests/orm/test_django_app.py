@@ -87,8 +87,7 @@ def test_the_django_migrations_reach_the_latest_leasebox_migration() -> None:
         import_module(f"leasebox.producer.django.migrations.{name}").LEASEBOX_VERSION
         for name in names
     ]
-    assert versions == list(range(1, len(versions) + 1)), "one Django migration per version"
-    assert available_migrations()[-1].version == versions[-1]
+    assert versions == [m.version for m in available_migrations()], "one per leasebox migration"
 
 
 def test_enqueue_outside_an_atomic_block_is_refused_and_writes_nothing(

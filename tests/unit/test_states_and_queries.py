@@ -14,14 +14,18 @@ from leasebox.states import DeadReason, Event, Status
 QUERIES_TEXT = read_sql_file("queries.sql")
 
 
-def test_the_status_enum_is_the_queues_states_and_sent_for_a_message_gone_from_it() -> None:
+def test_the_status_enum_is_the_queues_states_and_how_a_message_left_it() -> None:
     schema = read_sql_file("schema.sql")
     allowed = re.search(r"CHECK \(status IN \(([^)]*)\)\)", schema)
     assert allowed is not None
     queued = set(re.findall(r"'([a-z_]+)'", allowed.group(1)))
-    assert queued == {s.value for s in Status} - {Status.SENT.value}
-    view = re.findall(r"coalesce\(q\.status, '([a-z_]+)'\) AS status", schema)
+    gone = {Status.SENT.value, Status.SUPPRESSED.value}
+    assert queued == {s.value for s in Status} - gone
+    view = re.findall(r"coalesce\(q\.status, s\.event, '([a-z_]+)'\) AS status", schema)
     assert view == [Status.SENT.value]
+    left = re.search(r"AND h\.event IN \(([^)]*)\)", schema)
+    assert left is not None
+    assert set(re.findall(r"'([a-z_]+)'", left.group(1))) == gone
 
 
 def test_every_status_the_queries_name_is_a_status() -> None:

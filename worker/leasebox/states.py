@@ -8,6 +8,7 @@ queries use. Each state says what moves a row into it and what moves it out:
        ^                   |  \\--permanent error / attempts exhausted / expired--> dead
        |                   |--transient error--> pending (available_at = now + backoff)
        |                   \\--lease released or expired--> pending (or dead, out of attempts)
+       \\--claim finds the address suppressed, or the provider refuses it as such--> suppressed
     dead --requeue (a person: `leasebox dead-letters requeue`)--> pending
 """
 
@@ -38,6 +39,12 @@ class Status(StrEnum):
     """Not sent and not going to be without a person: see `dead_reason`. Leaves only by
     `leasebox dead-letters requeue` (to `pending`, fresh attempts) or `purge` (deleted)."""
 
+    SUPPRESSED = "suppressed"
+    """Not sent, for good: the address was on the suppression list when a worker claimed it
+    (no attempt is spent), or the provider refused it as one it suppresses. Final, neither
+    retried nor a dead letter; like `sent` it leaves the queue (the `messages` view and the
+    history's `suppressed` row say it)."""
+
 
 class DeadReason(StrEnum):
     """Why a row is a dead letter; the `dead_reason` column and a metric label."""
@@ -60,7 +67,8 @@ class Event(StrEnum):
 
     A claim and the event that ended its lease share a `lease_token`; `lease_lost` is the
     report of a worker that settled after its lease had ended, and `expired` and `requeued`
-    are the transitions outside any lease."""
+    are the transitions outside any lease. `suppressed` ends a message at its claim (no lease
+    is taken) or, when the provider refused the address, ends the lease of that attempt."""
 
     CLAIMED = "claimed"
     SENT = "sent"
@@ -72,3 +80,4 @@ class Event(StrEnum):
     LEASE_LOST = "lease_lost"
     EXPIRED = "expired"
     REQUEUED = "requeued"
+    SUPPRESSED = "suppressed"

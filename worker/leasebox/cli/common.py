@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
 from leasebox.errors import ConfigurationError
@@ -66,3 +67,16 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
     return number
+
+
+def connect_migrated(args: argparse.Namespace) -> Any:
+    """A connection to `--dsn` whose `--schema` is migrated (else `NotMigrated`)."""
+    from leasebox.db.connections import check_migrated, connect, resolve_dsn
+
+    conn = connect(resolve_dsn(args.dsn))
+    try:
+        check_migrated(conn, args.schema)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "leasebox.cli.database",
     "leasebox.cli.worker",
     "leasebox.cli.maintenance",
+    "leasebox.cli.suppression",
     "leasebox.cli.trace",
     "leasebox.cli.keys",
     "leasebox.cli.operator",

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from leasebox.cli.common import add_database_options, kinds_list, positive_int
+from leasebox.cli.common import add_database_options, connect_migrated, kinds_list, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -114,23 +114,11 @@ def _selection(args: argparse.Namespace) -> Any:
     )
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    from leasebox.db.connections import check_migrated, connect, resolve_dsn
-
-    conn = connect(resolve_dsn(args.dsn))
-    try:
-        check_migrated(conn, args.schema)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
 def run_list(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import list_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
+    with connect_migrated(args) as conn:
         letters = list_dead_letters(conn, selection, schema=args.schema)
     if args.json:
         print(json.dumps([letter.as_dict() for letter in letters], indent=2))
@@ -161,7 +149,7 @@ def run_requeue(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import requeue_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
+    with connect_migrated(args) as conn:
         ids = requeue_dead_letters(
             conn, selection, clear_expiry=args.clear_expiry, schema=args.schema
         )
@@ -177,7 +165,7 @@ def run_purge(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import count_dead_letters, purge_dead_letters
 
     selection = _selection(args)
-    with _connect(args) as conn:
+    with connect_migrated(args) as conn:
         if not args.yes:
             count = count_dead_letters(conn, selection, schema=args.schema)
             raise ConfigurationError(
@@ -199,7 +187,7 @@ def run_prune(args: argparse.Namespace) -> int:
             "leasebox prune: --batch-size is no longer used: retention drops whole days",
             file=sys.stderr,
         )
-    with _connect(args) as conn:
+    with connect_migrated(args) as conn:
         result = prune(
             conn,
             retention_seconds=retention,

@@ -21,11 +21,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from leasebox.db.queries import DEFAULT_SCHEMA
-from leasebox.errors import DatabaseError, IdempotencyConflict
+from leasebox.errors import DatabaseError, IdempotencyConflict, RecipientSuppressed
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, OutboxMessage, Receipt
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.producer.plan import Plan, Step, one, run, run_async
+from leasebox.producer.recipients import RecipientPolicy
 
 __all__ = ["DEFAULT_RECEIPT_TTL_SECONDS", "enqueue", "enqueue_async"]
 
@@ -38,6 +39,7 @@ def _plan(
     guard: AbuseGuard | None,
     receipt_ttl_seconds: float,
     cipher: PayloadCipher,
+    check_suppression: bool = False,
 ) -> Plan[Receipt]:
     scope_name = scope or "default"
     message_hash = message.request_hash()
@@ -91,6 +93,22 @@ def _plan(
             locks = []
         if not reuses_row:
             yield from check_guard(guard, message.recipient_key, scope_name)
+
+    if check_suppression:
+        # Under the key's lock (taken with it, in one round trip): a listed mailbox is refused
+        # before anything is written, and a retried request of it is refused too.
+        found = yield Step(
+            (
+                *locks,
+                (
+                    "find_suppression",
+                    {"scope": scope_name, "recipient_key": message.recipient_key, "now": None},
+                ),
+            )
+        )
+        locks = []
+        if found is not None:
+            raise RecipientSuppressed(found["reason"], found["expires_at"])
 
     # The key is stored with the row, so every worker retry reuses it; a retried API request
     # reuses it through the receipt. It never contains the recipient or a secret.
@@ -162,6 +180,7 @@ def plan_enqueue(
     guard: AbuseGuard | None = None,
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     cipher: PayloadCipher | None = None,
+    check_suppression: bool = False,
 ) -> Plan[Receipt]:
     """The statements of one `enqueue`, for a runner over another driver (the ORM adapters).
 
@@ -176,6 +195,7 @@ def plan_enqueue(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        check_suppression,
     )
 
 
@@ -198,13 +218,21 @@ def enqueue(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
     """Write `message` to the outbox in the caller's open transaction; never commits.
 
     With an `idempotency_key`, the same `(scope, key)` returns the first outbox id with
     `reused=True`, and a different request under the same key raises `IdempotencyConflict`.
     `request_hash` overrides the default fingerprint (e.g. a hash of the HTTP body).
+    `check_suppression` refuses a mailbox on the scope's suppression list with
+    `RecipientSuppressed` (one more statement, in the same round trip as the key's lock);
+    `policy` refuses an address the domain policy rejects with `RecipientRefused`, before
+    any SQL. Either way nothing is written.
     """
+    if policy is not None:
+        policy.check(message.recipient)
     plan = _plan(
         message,
         idempotency_key,
@@ -213,6 +241,7 @@ def enqueue(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        check_suppression,
     )
     return run(conn, plan, schema)
 
@@ -228,8 +257,13 @@ async def enqueue_async(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
-    """`enqueue` for an async connection; the same semantics."""
+    """`enqueue` for an async connection; the same semantics (the policy's MX lookup, if it
+    makes one, does not block the event loop)."""
+    if policy is not None:
+        await policy.check_async(message.recipient)
     plan = _plan(
         message,
         idempotency_key,
@@ -238,5 +272,6 @@ async def enqueue_async(
         guard,
         receipt_ttl_seconds,
         cipher or default_cipher(),
+        check_suppression,
     )
     return await run_async(conn, plan, schema)
