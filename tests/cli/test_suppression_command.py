@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,31 @@ def test_an_unknown_reason_is_a_usage_error(db_dsn: str) -> None:
     result = run("add", "--dsn", db_dsn, "--reason", "grumpy", "ada@example.org")
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_feedback_serve_without_any_service_secret_is_a_usage_error(db_dsn: str) -> None:
+    result = subprocess.run(
+        [*LEASEBOX, "feedback", "serve", "--dsn", db_dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("LEASEBOX_FEEDBACK_")},
+    )
+    assert result.returncode == 2
+    assert "no service to receive" in result.stderr
+
+
+def test_a_malformed_service_secret_names_its_variable(db_dsn: str) -> None:
+    env = {**os.environ, "LEASEBOX_FEEDBACK_RESEND_SECRETS": "whsec_%%%"}
+    result = subprocess.run(
+        [*LEASEBOX, "feedback", "serve", "--dsn", db_dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert "LEASEBOX_FEEDBACK_RESEND_SECRETS" in result.stderr
+    assert "%%%" not in result.stderr
