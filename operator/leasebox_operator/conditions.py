@@ -19,7 +19,9 @@ DATABASE_REACHABLE = "DatabaseReachable"
 SLA_MET = "SLAMet"
 SCALING_LIMITED = "ScalingLimited"
 PAUSED = "Paused"
-CONDITION_TYPES = (READY, DATABASE_REACHABLE, SLA_MET, SCALING_LIMITED, PAUSED)
+# Whether the pool's providers' bounce and complaint rates are under the page thresholds.
+REPUTATION_HEALTHY = "ReputationHealthy"
+CONDITION_TYPES = (READY, DATABASE_REACHABLE, SLA_MET, SCALING_LIMITED, PAUSED, REPUTATION_HEALTHY)
 
 Status = Literal["True", "False", "Unknown"]
 MAX_MESSAGE = 1024
