@@ -19,16 +19,26 @@ from enum import StrEnum
 from leasebox.delivery.providers.base import derived_message_id, recipient_domain
 from leasebox.states import Event
 from leasebox.store.history import (
+    FeedbackRecord,
     HistoryEvent,
     ReceiptRecord,
     Selector,
+    SuppressionRecord,
     TracedRow,
     TraceRecords,
 )
 
 # The events that end a lease; `lease_lost` comes from a worker whose lease already ended.
 ENDINGS = frozenset(
-    {Event.SENT, Event.RETRY, Event.AMBIGUOUS, Event.DEAD, Event.RELEASED, Event.LEASE_EXPIRED}
+    {
+        Event.SENT,
+        Event.RETRY,
+        Event.AMBIGUOUS,
+        Event.DEAD,
+        Event.SUPPRESSED,
+        Event.RELEASED,
+        Event.LEASE_EXPIRED,
+    }
 )
 IN_FLIGHT = "in_flight"
 UNRECORDED = "unrecorded"
@@ -142,6 +152,10 @@ class SendStory:
     ownership: Ownership
     workers: tuple[str, ...]
     copies: Copies
+    # After the send: what the service reported (in the service's order of time), and the
+    # suppression-list entry in force for the mailbox.
+    feedback: tuple[FeedbackRecord, ...] = ()
+    suppression: SuppressionRecord | None = None
 
     @property
     def requests(self) -> int:
@@ -183,6 +197,8 @@ def build_trace(
             [r for r in records.receipts if r.outbox_id == row.id],
             [e for e in records.events if e.outbox_id == row.id],
             show_recipient=show_recipients,
+            feedback=[f for f in records.feedback if f.outbox_id == row.id],
+            suppression=next((s for s in records.suppressions if s.outbox_id == row.id), None),
         )
         for row in records.rows
     )
@@ -195,6 +211,8 @@ def build_story(
     events: Sequence[HistoryEvent],
     *,
     show_recipient: bool = False,
+    feedback: Sequence[FeedbackRecord] = (),
+    suppression: SuppressionRecord | None = None,
 ) -> SendStory:
     """One row's story: its requests, its attempts, who owned them, the copies accepted."""
     ordered = tuple(sorted(events, key=lambda e: e.id))
@@ -225,6 +243,8 @@ def build_story(
         ownership=ownership(attempts),
         workers=_workers(attempts),
         copies=count_copies(attempts),
+        feedback=tuple(feedback),
+        suppression=suppression,
     )
 
 
@@ -240,6 +260,8 @@ def pair_attempts(events: Iterable[HistoryEvent], row: TracedRow) -> tuple[Attem
     for event in events:
         if event.event not in ENDINGS | {Event.CLAIMED, Event.LEASE_LOST}:
             continue
+        if event.event == Event.SUPPRESSED and event.lease_token is None:
+            continue  # suppressed when claimed: no lease was taken, no attempt made
         token = str(event.lease_token) if event.lease_token is not None else None
         index = by_token.get(token) if token is not None else None
         if event.event == Event.CLAIMED or index is None:
