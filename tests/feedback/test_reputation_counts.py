@@ -44,3 +44,22 @@ async def test_the_operator_reads_a_pools_providers_rates_from_the_hourly_counts
     assert ses.bounce_rate == 0.05
     assert judge(mine).healthy is True  # 5 % is the line, not over it
     assert others == []
+
+
+def test_prune_deletes_the_events_older_than_the_retention_and_keeps_a_week_of_counts(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    from leasebox.store.pruning import prune
+
+    old, recent = NOW - dt.timedelta(days=10), NOW - dt.timedelta(hours=1)
+    record(db_conn, "ses", [event("old", EventType.DELIVERED, n) for n in range(3)], now=old)
+    record(db_conn, "ses", [event("new", EventType.DELIVERED, n) for n in range(2)], now=recent)
+    db_conn.commit()
+
+    result = prune(db_conn, retention_seconds=3 * 86400)
+
+    assert result.events == 3
+    left = db_conn.execute("SELECT provider_message_id FROM leasebox.events").fetchall()
+    hours = db_conn.execute("SELECT events FROM leasebox.feedback_hours").fetchall()
+    assert left == [("new",), ("new",)]
+    assert hours == [(2,)]

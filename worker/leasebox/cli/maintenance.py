@@ -202,6 +202,7 @@ def run_prune(args: argparse.Namespace) -> int:
                     "sent": result.sent,
                     "receipts": result.receipts,
                     "kept": result.kept,
+                    "events": result.events,
                     "partitions": list(result.partitions),
                 }
             )
@@ -210,7 +211,8 @@ def run_prune(args: argparse.Namespace) -> int:
         print(
             f"pruned {result.sent} sent messages and {result.receipts} expired receipts "
             f"({len(result.partitions)} day partitions dropped); kept {result.kept} messages "
-            "of those days that are not sent, dead, or named by a live receipt"
+            "of those days that are not sent, dead, or named by a live receipt; "
+            f"deleted {result.events} provider events"
         )
     return 0
 

@@ -16,6 +16,9 @@ their messages meanwhile). Rows of days that never had a partition wait in a def
 partition: the partition maintenance that runs first gives each such day its partition, so
 they go too.
 
+The provider events received before the same day go too, deleted in batches (with the hourly
+counts, which the reputation rates read for a week).
+
 A retention shorter than the producers' receipt TTL is refused unless the caller says it
 knows: a request retried after its message was dropped is a new request, and sends again.
 """
@@ -43,6 +46,8 @@ from leasebox.db.queries import DEFAULT_SCHEMA, query
 from leasebox.errors import ConfigurationError, DatabaseError
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
 
+EVENT_BATCH = 10_000
+
 
 @dataclass(frozen=True)
 class PruneResult:
@@ -53,6 +58,7 @@ class PruneResult:
     receipts: int
     partitions: tuple[str, ...] = ()
     kept: int = 0
+    events: int = 0
 
 
 def prune(
@@ -123,7 +129,24 @@ def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str)
     # Another prune may have dropped some of them meanwhile: only what this one drops counts.
     sent = sum(counted["outbox"].get(p.name, 0) for p in old["outbox"]) - kept
     receipts = sum(counted["receipts"].get(p.name, 0) for p in old["receipts"])
-    return PruneResult(sent, receipts, tuple(sorted(p.name for p in dropped)), kept)
+    events = _forget_events(conn, schema, cutoff)
+    return PruneResult(sent, receipts, tuple(sorted(p.name for p in dropped)), kept, events)
+
+
+def _forget_events(conn: psycopg.Connection[Any], schema: str, cutoff: date) -> int:
+    """Delete the provider events received before `cutoff`, a batch per transaction (they
+    are not partitioned: a day of them is a small share of a day of messages), and the
+    hourly counts older than it and than the week the reputation rates read."""
+    deleted = 0
+    while True:
+        with conn.transaction():
+            row = conn.execute(
+                query("prune_events", schema), {"before": cutoff, "limit": EVENT_BATCH}
+            ).fetchone()
+        batch = int(row[0]) if row else 0
+        deleted += batch
+        if batch < EVENT_BATCH:
+            return deleted
 
 
 def _days(conn: psycopg.Connection[Any], retention_seconds: float) -> tuple[date, date]:

@@ -1102,3 +1102,21 @@ WHERE h.provider IN (SELECT provider FROM mine)
   AND h.hour >= date_trunc('hour', now()) - interval '7 days'
 GROUP BY h.provider
 ORDER BY h.provider;
+
+-- name: prune_events
+-- Delete a batch of provider events received before a day, and the hourly counts older than it and than the reputation's week.
+WITH doomed AS (
+    SELECT id FROM {schema}.events
+    WHERE received_at < %(before)s::date
+    ORDER BY received_at
+    LIMIT %(limit)s
+),
+deleted AS (
+    DELETE FROM {schema}.events AS e USING doomed WHERE e.id = doomed.id
+    RETURNING 1
+),
+hours AS (
+    DELETE FROM {schema}.feedback_hours
+    WHERE hour < least(%(before)s::date, (now() - interval '8 days')::date)
+)
+SELECT count(*) FROM deleted;
