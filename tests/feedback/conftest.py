@@ -104,3 +104,10 @@ def sent(db_conn: psycopg.Connection[Any]) -> Callable[..., SentMessage]:
         return SentMessage(outbox_id, provider_message_id, recipient, scope)
 
     return write
+
+
+@pytest.fixture
+def now() -> dt.datetime:
+    """The time a test's requests are signed at (each test its own: a signature is stale
+    five minutes later, and a full test run is longer than that)."""
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)

@@ -28,18 +28,21 @@ from support.orm_producers import add_django_database, configure_django, remove_
 from support.running_worker import SETTINGS
 from support.worker_doubles import ScriptedProvider
 
-NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
-
 
 async def test_the_app_works_mounted_in_a_fastapi_application(
-    receivers: Receivers, signers: Signers, db_dsn: str, sent: Any, db_conn: psycopg.Connection[Any]
+    now: dt.datetime,
+    receivers: Receivers,
+    signers: Signers,
+    db_dsn: str,
+    sent: Any,
+    db_conn: psycopg.Connection[Any],
 ) -> None:
     sent("re_mounted", recipient="ada@example.org")
     hooks = FeedbackApp(receivers, dsn=db_dsn)
     api = FastAPI()
     api.mount("/hooks/mail", hooks)
-    event = ResendSigner.event("email.delivered", "re_mounted", "ada@example.org", NOW)
-    headers, body = signers.resend.request(event, NOW)
+    event = ResendSigner.event("email.delivered", "re_mounted", "ada@example.org", now)
+    headers, body = signers.resend.request(event, now)
     async with serve(api) as base, aiohttp.ClientSession() as session:
         async with session.post(f"{base}/hooks/mail/resend", data=body, headers=headers) as r:
             status, text = r.status, await r.text()
@@ -61,9 +64,13 @@ def django_alias(db_dsn: str) -> Iterator[str]:
 
 
 def test_the_django_view_stores_a_postmark_bounce_and_refuses_bad_credentials(
-    receivers: Receivers, signers: Signers, django_alias: str, sent: Any,
+    now: dt.datetime,
+    receivers: Receivers,
+    signers: Signers,
+    django_alias: str,
+    sent: Any,
     db_conn: psycopg.Connection[Any],
-) -> None:  # fmt: skip
+) -> None:
     from django.test import RequestFactory
 
     from leasebox.feedback.django import feedback_view
@@ -71,7 +78,7 @@ def test_the_django_view_stores_a_postmark_bounce_and_refuses_bad_credentials(
     sent("pm-1", recipient="gone@example.org", scope="signup")
     view = feedback_view(receivers, using=django_alias)
     headers, body = signers.postmark.request(
-        PostmarkCredentials.bounce("pm-1", "Gone@Example.org", NOW)
+        PostmarkCredentials.bounce("pm-1", "Gone@Example.org", now)
     )
     factory = RequestFactory()
 
@@ -98,7 +105,11 @@ def test_the_django_view_stores_a_postmark_bounce_and_refuses_bad_credentials(
 
 
 async def test_a_hard_bounce_suppresses_the_address_and_the_next_otp_ends_suppressed(
-    receivers: Receivers, signers: Signers, db_dsn: str, db_conn: psycopg.Connection[Any]
+    now: dt.datetime,
+    receivers: Receivers,
+    signers: Signers,
+    db_dsn: str,
+    db_conn: psycopg.Connection[Any],
 ) -> None:
     cipher = PayloadCipher(allow_plaintext=True)
 
@@ -126,11 +137,11 @@ async def test_a_hard_bounce_suppresses_the_address_and_the_next_otp_ends_suppre
         "email.bounced",
         f"re-{email.delivery_key}",
         "gone@example.org",
-        NOW,
+        now,
         bounce={"type": "Permanent", "subType": "General", "message": "550 5.1.1 no such user"},
     )
     async with serve(FeedbackApp(receivers, dsn=db_dsn)) as base, aiohttp.ClientSession() as s:
-        headers, body = signers.resend.request(bounce, NOW)
+        headers, body = signers.resend.request(bounce, now)
         async with s.post(f"{base}/resend", data=body, headers=headers) as answer:
             assert answer.status == 200
     second = otp()

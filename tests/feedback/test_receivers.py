@@ -27,7 +27,6 @@ from support.mail_webhooks import (
 )
 
 Request = tuple[dict[str, str], bytes]
-NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 # The key of someone who made a certificate of their own: it names the real certificate URL.
 FORGER_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
@@ -159,6 +158,7 @@ def service(request: pytest.FixtureRequest) -> Service:
 
 
 async def test_a_signed_hard_bounce_is_stored_linked_and_suppresses_the_mailbox(
+    now: dt.datetime,
     service: Service,
     signers: Signers,
     hooks: Hooks,
@@ -166,7 +166,7 @@ async def test_a_signed_hard_bounce_is_stored_linked_and_suppresses_the_mailbox(
     db_conn: psycopg.Connection[Any],
 ) -> None:
     message = sent(f"{service.name}-msg-1")
-    answer = await hooks.post(service.name, service.bounce(signers, message, NOW))
+    answer = await hooks.post(service.name, service.bounce(signers, message, now))
 
     assert (answer.status, answer.text) == (200, "stored 1 of 1")
     [(provider, event, bounce_class, status, mailbox, outbox_id, scope)] = events(db_conn)
@@ -193,6 +193,7 @@ def _domain(service: str) -> str:
 
 
 async def test_forged_unsigned_and_stale_requests_are_refused_and_store_nothing(
+    now: dt.datetime,
     service: Service,
     signers: Signers,
     hooks: Hooks,
@@ -200,14 +201,14 @@ async def test_forged_unsigned_and_stale_requests_are_refused_and_store_nothing(
     db_conn: psycopg.Connection[Any],
 ) -> None:
     message = sent(f"{service.name}-msg-2")
-    forged = await hooks.post(service.name, service.forged(signers, message, NOW))
+    forged = await hooks.post(service.name, service.forged(signers, message, now))
     unsigned = await hooks.post(
-        service.name, service.unsigned(service.bounce(signers, message, NOW))
+        service.name, service.unsigned(service.bounce(signers, message, now))
     )
     answers = [forged.status, unsigned.status]
     if service.name != "postmark":  # basic auth has no time to be stale
         stale = await hooks.post(
-            service.name, service.bounce(signers, message, NOW - dt.timedelta(hours=2))
+            service.name, service.bounce(signers, message, now - dt.timedelta(hours=2))
         )
         answers.append(stale.status)
         assert stale.text == "stale"
@@ -221,6 +222,7 @@ async def test_forged_unsigned_and_stale_requests_are_refused_and_store_nothing(
 
 
 async def test_forty_redeliveries_of_one_event_under_new_ids_store_it_once(
+    now: dt.datetime,
     service: Service,
     signers: Signers,
     hooks: Hooks,
@@ -229,7 +231,7 @@ async def test_forty_redeliveries_of_one_event_under_new_ids_store_it_once(
 ) -> None:
     message = sent(f"{service.name}-msg-3")
     answers = [
-        await hooks.post(service.name, service.bounce(signers, message, NOW)) for _ in range(40)
+        await hooks.post(service.name, service.bounce(signers, message, now)) for _ in range(40)
     ]
 
     assert [a.status for a in answers] == [200] * 40
@@ -242,6 +244,7 @@ async def test_forty_redeliveries_of_one_event_under_new_ids_store_it_once(
 
 
 async def test_a_request_replayed_byte_for_byte_stores_nothing_more(
+    now: dt.datetime,
     service: Service,
     signers: Signers,
     hooks: Hooks,
@@ -249,7 +252,7 @@ async def test_a_request_replayed_byte_for_byte_stores_nothing_more(
     db_conn: psycopg.Connection[Any],
 ) -> None:
     message = sent(f"{service.name}-msg-4")
-    request = service.bounce(signers, message, NOW)
+    request = service.bounce(signers, message, now)
     first = await hooks.post(service.name, request)
     again = await hooks.post(service.name, request)
 
@@ -262,18 +265,19 @@ async def test_a_request_replayed_byte_for_byte_stores_nothing_more(
 
 
 async def test_malformed_and_oversized_bodies_are_refused(
+    now: dt.datetime,
     service: Service,
     signers: Signers,
     hooks: Hooks,
     sent: Callable[..., SentMessage],
     db_conn: psycopg.Connection[Any],
 ) -> None:
-    headers, _ = service.bounce(signers, sent(f"{service.name}-msg-5"), NOW)
+    headers, _ = service.bounce(signers, sent(f"{service.name}-msg-5"), now)
     garbage = b"{not json"
     if service.name == "sendgrid":
-        headers = signers.sendgrid.sign(garbage, str(int(NOW.timestamp())))
+        headers = signers.sendgrid.sign(garbage, str(int(now.timestamp())))
     elif service.name == "resend":
-        headers = signers.resend.sign(garbage, NOW, "msg_garbage")
+        headers = signers.resend.sign(garbage, now, "msg_garbage")
     malformed = await hooks.post(service.name, (headers, garbage))
     huge = await hooks.post(service.name, (headers, b"[" + b" " * 70_000 + b"]"))
 
@@ -283,6 +287,7 @@ async def test_malformed_and_oversized_bodies_are_refused(
 
 
 async def test_a_database_that_cannot_store_is_a_5xx_so_the_service_retries(
+    now: dt.datetime,
     service: Service,
     signers: Signers,
     make_hooks: Callable[..., Any],
@@ -291,19 +296,20 @@ async def test_a_database_that_cannot_store_is_a_5xx_so_the_service_retries(
 ) -> None:
     message = sent(f"{service.name}-msg-6")
     async with make_hooks(schema="not_migrated") as broken:
-        answer = await broken.post(service.name, service.bounce(signers, message, NOW))
+        answer = await broken.post(service.name, service.bounce(signers, message, now))
     assert (answer.status, answer.text) == (503, "storage_unavailable")
     assert events(db_conn) == []
 
 
 async def test_events_out_of_order_are_all_kept_and_soft_bounces_add_up(
+    now: dt.datetime,
     signers: Signers,
     hooks: Hooks,
     sent: Callable[..., SentMessage],
     db_conn: psycopg.Connection[Any],
 ) -> None:
     message = sent("sg-order", recipient="full@example.org")
-    at = [NOW - dt.timedelta(hours=h) for h in (1, 30, 5)]  # newest first, then older ones
+    at = [now - dt.timedelta(hours=h) for h in (1, 30, 5)]  # newest first, then older ones
     for when in at:
         blocked = SendGridSigner.event(
             "bounce",
@@ -315,12 +321,12 @@ async def test_events_out_of_order_are_all_kept_and_soft_bounces_add_up(
             reason="mailbox full",
         )
         assert (
-            await hooks.post("sendgrid", signers.sendgrid.request([blocked], NOW))
+            await hooks.post("sendgrid", signers.sendgrid.request([blocked], now))
         ).status == 200
     delivered = SendGridSigner.event(
-        "delivered", "sg-order", message.recipient, NOW - dt.timedelta(hours=40)
+        "delivered", "sg-order", message.recipient, now - dt.timedelta(hours=40)
     )
-    await hooks.post("sendgrid", signers.sendgrid.request([delivered], NOW))
+    await hooks.post("sendgrid", signers.sendgrid.request([delivered], now))
 
     kept = events(db_conn)
     assert [(e[1], e[2]) for e in kept] == [("bounced", "soft")] * 3 + [("delivered", None)]
@@ -329,10 +335,10 @@ async def test_events_out_of_order_are_all_kept_and_soft_bounces_add_up(
 
 
 async def test_an_event_about_an_unknown_message_is_kept_and_counted_not_suppressing(
-    signers: Signers, hooks: Hooks, db_conn: psycopg.Connection[Any]
+    now: dt.datetime, signers: Signers, hooks: Hooks, db_conn: psycopg.Connection[Any]
 ) -> None:
-    complaint = ResendSigner.event("email.complained", "re_unknown", "who@example.org", NOW)
-    answer = await hooks.post("resend", signers.resend.request(complaint, NOW))
+    complaint = ResendSigner.event("email.complained", "re_unknown", "who@example.org", now)
+    answer = await hooks.post("resend", signers.resend.request(complaint, now))
 
     assert answer.status == 200
     assert events(db_conn) == [("resend", "complained", None, None, "who@example.org", None, None)]
@@ -343,10 +349,13 @@ async def test_an_event_about_an_unknown_message_is_kept_and_counted_not_suppres
 
 
 async def test_a_service_without_secrets_is_not_served(
-    make_hooks: Callable[..., Any], signers: Signers, sent: Callable[..., SentMessage]
+    now: dt.datetime,
+    make_hooks: Callable[..., Any],
+    signers: Signers,
+    sent: Callable[..., SentMessage],
 ) -> None:
     message = sent("only-resend")
-    request = SERVICES[1].bounce(signers, message, NOW)
+    request = SERVICES[1].bounce(signers, message, now)
     async with make_hooks(receivers=Receivers(resend=None)) as bare:
         answer = await bare.post("sendgrid", request)
         odd = await bare.post("../../etc", request)

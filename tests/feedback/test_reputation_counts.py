@@ -12,11 +12,12 @@ from leasebox.feedback.events import HARD, EventType, FeedbackEvent
 from leasebox.feedback.recording import record
 from leasebox.store.reputation import fetch_reputation_async, judge
 
-NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
+# When the events happened (the service's time): any time; what is counted is when they arrive.
+AT = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
 
 
 def event(message_id: str, kind: EventType, n: int, bounce: str | None = None) -> FeedbackEvent:
-    return FeedbackEvent(message_id, f"user{n}@example.org", kind, NOW + dt.timedelta(seconds=n),
+    return FeedbackEvent(message_id, f"user{n}@example.org", kind, AT + dt.timedelta(seconds=n),
                          bounce_class=bounce)  # fmt: skip
 
 
@@ -47,11 +48,12 @@ async def test_the_operator_reads_a_pools_providers_rates_from_the_hourly_counts
 
 
 def test_prune_deletes_the_events_older_than_the_retention_and_keeps_a_week_of_counts(
+    now: dt.datetime,
     db_conn: psycopg.Connection[Any],
 ) -> None:
     from leasebox.store.pruning import prune
 
-    old, recent = NOW - dt.timedelta(days=10), NOW - dt.timedelta(hours=1)
+    old, recent = now - dt.timedelta(days=10), now - dt.timedelta(hours=1)
     record(db_conn, "ses", [event("old", EventType.DELIVERED, n) for n in range(3)], now=old)
     record(db_conn, "ses", [event("new", EventType.DELIVERED, n) for n in range(2)], now=recent)
     db_conn.commit()

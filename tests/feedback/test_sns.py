@@ -15,7 +15,6 @@ from leasebox.feedback.signing import Refused
 from support.feedback_rig import Hooks, SentMessage, Signers, stored
 from support.mail_webhooks import SnsCertificateServer, SnsSigner
 
-NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 OTHER_TOPIC = "arn:aws:sns:eu-west-1:999999999999:someone-elses"
 
 
@@ -25,23 +24,31 @@ def kept(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("version", ["1", "2"])
 async def test_both_signature_versions_verify_against_the_served_certificate(
-    version: str, signers: Signers, hooks: Hooks, sent: Any, db_conn: psycopg.Connection[Any]
+    now: dt.datetime,
+    version: str,
+    signers: Signers,
+    hooks: Hooks,
+    sent: Any,
+    db_conn: psycopg.Connection[Any],
 ) -> None:
     message: SentMessage = sent("0102018c-ses-1")
-    bounce = SnsSigner.bounce(message.provider_message_id, message.recipient, NOW)
-    answer = await hooks.post("ses", signers.sns.message(bounce, NOW, version=version))
+    bounce = SnsSigner.bounce(message.provider_message_id, message.recipient, now)
+    answer = await hooks.post("ses", signers.sns.message(bounce, now, version=version))
     assert (answer.status, answer.text) == (200, "stored 1 of 1")
     assert kept(db_conn) == [("bounced", "hard", "gone@example.org")]
 
 
 async def test_a_valid_signature_from_a_topic_not_allowed_is_a_forgery_and_fetches_nothing(
-    signers: Signers, hooks: Hooks, sns_server: SnsCertificateServer,
+    now: dt.datetime,
+    signers: Signers,
+    hooks: Hooks,
+    sns_server: SnsCertificateServer,
     db_conn: psycopg.Connection[Any],
-) -> None:  # fmt: skip
-    bounce = SnsSigner.bounce("0102-x", "ada@example.org", NOW)
-    answer = await hooks.post("ses", signers.sns.message(bounce, NOW, topic=OTHER_TOPIC))
+) -> None:
+    bounce = SnsSigner.bounce("0102-x", "ada@example.org", now)
+    answer = await hooks.post("ses", signers.sns.message(bounce, now, topic=OTHER_TOPIC))
     confirm = await hooks.post(
-        "ses", signers.sns.message(None, NOW, topic=OTHER_TOPIC, kind="SubscriptionConfirmation")
+        "ses", signers.sns.message(None, now, topic=OTHER_TOPIC, kind="SubscriptionConfirmation")
     )
     assert (answer.status, answer.text) == (403, "unknown_topic")
     assert (confirm.status, confirm.text) == (403, "unknown_topic")
@@ -50,10 +57,10 @@ async def test_a_valid_signature_from_a_topic_not_allowed_is_a_forgery_and_fetch
 
 
 async def test_a_subscription_of_an_allowed_topic_is_confirmed(
-    signers: Signers, hooks: Hooks, sns_server: SnsCertificateServer
+    now: dt.datetime, signers: Signers, hooks: Hooks, sns_server: SnsCertificateServer
 ) -> None:
     answer = await hooks.post(
-        "ses", signers.sns.message(None, NOW, kind="SubscriptionConfirmation", version="1")
+        "ses", signers.sns.message(None, now, kind="SubscriptionConfirmation", version="1")
     )
     assert (answer.status, answer.text) == (200, "subscribed")
     assert sns_server.requests[-1] == "/?Action=ConfirmSubscription"
@@ -70,12 +77,17 @@ async def test_a_subscription_of_an_allowed_topic_is_confirmed(
     ],
 )
 async def test_a_certificate_anywhere_but_the_regions_sns_host_is_refused(
-    url: str, reason: str, signers: Signers, hooks: Hooks, sns_server: SnsCertificateServer,
+    now: dt.datetime,
+    url: str,
+    reason: str,
+    signers: Signers,
+    hooks: Hooks,
+    sns_server: SnsCertificateServer,
     db_conn: psycopg.Connection[Any],
-) -> None:  # fmt: skip
-    bounce = SnsSigner.bounce("0102-y", "ada@example.org", NOW)
+) -> None:
+    bounce = SnsSigner.bounce("0102-y", "ada@example.org", now)
     cert_url = url.format(host=sns_server.host)
-    answer = await hooks.post("ses", signers.sns.message(bounce, NOW, cert_url=cert_url))
+    answer = await hooks.post("ses", signers.sns.message(bounce, now, cert_url=cert_url))
     assert answer.text == reason
     assert answer.status in (403, 502)
     # The redirect was not followed: the certificate it points to was never asked for.
@@ -98,24 +110,24 @@ def test_by_default_only_amazons_sns_host_of_the_topics_region_is_trusted() -> N
 
 
 async def test_a_suppression_list_bounce_and_a_complaint_list_the_mailbox(
-    signers: Signers, hooks: Hooks, sent: Any, db_conn: psycopg.Connection[Any]
+    now: dt.datetime, signers: Signers, hooks: Hooks, sent: Any, db_conn: psycopg.Connection[Any]
 ) -> None:
     listed: SentMessage = sent("0102-z", recipient="listed@example.org")
     angry: SentMessage = sent("0102-w", recipient="angry@example.org")
     suppressed = SnsSigner.bounce(
-        "0102-z", listed.recipient, NOW, subtype="OnAccountSuppressionList"
+        "0102-z", listed.recipient, now, subtype="OnAccountSuppressionList"
     )
     complaint = {
         "notificationType": "Complaint",
         "complaint": {
             "complainedRecipients": [{"emailAddress": angry.recipient}],
-            "timestamp": NOW.isoformat(),
+            "timestamp": now.isoformat(),
             "complaintFeedbackType": "abuse",
         },
         "mail": {"messageId": "0102-w", "source": "no-reply@mail.example.com"},
     }
     for event in (suppressed, complaint):
-        assert (await hooks.post("ses", signers.sns.message(event, NOW))).status == 200
+        assert (await hooks.post("ses", signers.sns.message(event, now))).status == 200
     rows = stored(
         db_conn,
         "SELECT recipient_key, reason, expires_at IS NULL FROM leasebox.suppressions ORDER BY 1",

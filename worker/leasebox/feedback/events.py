@@ -19,6 +19,7 @@ one bounded line (`clean`), and nothing of it is logged.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -178,3 +179,26 @@ def moment(value: object) -> datetime:
     except (ValueError, OverflowError, OSError):
         pass
     raise BadPayload("the event's time is missing or not a time")
+
+
+def json_object(body: bytes | str, what: str) -> dict[str, Any]:
+    """The body as a JSON object, or `BadPayload` naming `what` it should have been."""
+    found = _json(body, what)
+    if not isinstance(found, dict):
+        raise BadPayload(f"{what} is not a JSON object")
+    return found
+
+
+def json_array(body: bytes, what: str) -> list[Any]:
+    """The body as a JSON array, or `BadPayload`."""
+    found = _json(body, what)
+    if not isinstance(found, list):
+        raise BadPayload(f"{what} is not a JSON array")
+    return found
+
+
+def _json(body: bytes | str, what: str) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, TypeError):
+        raise BadPayload(f"{what} is not JSON") from None

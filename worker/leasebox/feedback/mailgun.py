@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from leasebox.feedback.events import (
     bounce_class_of,
     clean,
     field,
+    json_object,
     moment,
     sender_domain,
     smtp_status,
@@ -55,13 +55,7 @@ class MailgunSettings:
 
 
 def _load(body: bytes) -> dict[str, Any]:
-    try:
-        item = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadPayload("the body is not JSON") from None
-    if not isinstance(item, dict):
-        raise BadPayload("a Mailgun body is a JSON object")
-    return item
+    return json_object(body, "a Mailgun body")
 
 
 def verify(inbound: Inbound, settings: MailgunSettings) -> str:

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass
 
 from leasebox.feedback.events import (
     HARD,
     SOFT,
-    BadPayload,
     EventType,
     FeedbackEvent,
     address,
     clean,
+    json_object,
     moment,
     sender_domain,
     smtp_status,
@@ -75,12 +74,7 @@ def verify(inbound: Inbound, settings: PostmarkSettings) -> None:
 
 def parse(body: bytes) -> list[FeedbackEvent]:
     """The delivery event of one Postmark webhook request (none for other records)."""
-    try:
-        item = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadPayload("the body is not JSON") from None
-    if not isinstance(item, dict):
-        raise BadPayload("a Postmark body is a JSON object")
+    item = json_object(body, "a Postmark body")
     record = item.get("RecordType")
     found: tuple[EventType, str | None] | None
     if record == "Delivery":

@@ -15,7 +15,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from leasebox.feedback.events import (
     address,
     bounce_class_of,
     clean,
+    json_object,
     moment,
     sender_domain,
     smtp_status,
@@ -101,12 +101,9 @@ def verify(inbound: Inbound, settings: ResendSettings) -> None:
 
 def parse(body: bytes) -> list[FeedbackEvent]:
     """The delivery events of one Resend webhook request, one per recipient."""
-    try:
-        item = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadPayload("the body is not JSON") from None
-    if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
-        raise BadPayload("a Resend body is a JSON object with data")
+    item = json_object(body, "a Resend body")
+    if not isinstance(item.get("data"), dict):
+        raise BadPayload("a Resend body has data")
     kind = _TYPES.get(str(item.get("type")))
     if kind is None:
         return []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ from leasebox.feedback.events import (
     address,
     bounce_class_of,
     clean,
+    json_array,
     moment,
     smtp_status,
     text_field,
@@ -98,14 +98,8 @@ def verify(inbound: Inbound, settings: SendGridSettings) -> None:
 
 def parse(body: bytes) -> list[FeedbackEvent]:
     """The delivery events of a SendGrid batch."""
-    try:
-        batch = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadPayload("the body is not JSON") from None
-    if not isinstance(batch, list):
-        raise BadPayload("a SendGrid body is a JSON array of events")
     events = []
-    for item in batch:
+    for item in json_array(body, "a SendGrid body"):
         found = _event(item)
         if found is not None:
             events.append(found)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ from leasebox.feedback.events import (
     address,
     bounce_class_of,
     clean,
+    json_object,
     moment,
     sender_domain,
     smtp_status,
@@ -85,12 +85,7 @@ class SnsMessage:
 
 def verify(inbound: Inbound, settings: SesSettings) -> SnsMessage:
     """The message, if an allowed topic sent it and SNS signed it recently; else `Refused`."""
-    try:
-        fields = json.loads(inbound.body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadPayload("the body is not JSON") from None
-    if not isinstance(fields, dict):
-        raise BadPayload("an SNS body is a JSON object")
+    fields = json_object(inbound.body, "an SNS body")
     kind = fields.get("Type")
     names = NOTIFICATION_FIELDS if kind == "Notification" else CONFIRMATION_FIELDS
     if kind not in ("Notification", "SubscriptionConfirmation", "UnsubscribeConfirmation"):
@@ -134,12 +129,7 @@ def _region(topic: str) -> str:
 
 def parse(message: SnsMessage) -> list[FeedbackEvent]:
     """The SES events of a notification (its `Message` is SES's own JSON)."""
-    try:
-        ses = json.loads(message.fields["Message"])
-    except (ValueError, TypeError):
-        raise BadPayload("the SNS message does not carry an SES event") from None
-    if not isinstance(ses, dict):
-        raise BadPayload("the SNS message does not carry an SES event")
+    ses = json_object(message.fields["Message"], "the SES event an SNS message carries")
     kind = ses.get("eventType") or ses.get("notificationType")
     mail = ses.get("mail")
     base = {

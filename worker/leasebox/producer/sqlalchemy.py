@@ -31,6 +31,7 @@ from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.producer.plan import Row
 from leasebox.producer.portable import drive, drive_async, named_binds
+from leasebox.producer.recipients import RecipientPolicy
 
 SyncTarget = Session | Connection
 AsyncTarget = AsyncSession | AsyncConnection
@@ -113,12 +114,16 @@ def enqueue(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
     """`leasebox.enqueue` on a SQLAlchemy `Session` or `Connection`; never commits.
 
     The row is written on the session's connection inside its current transaction (begun
     now if none is), so it commits and rolls back with the caller's change.
     """
+    if policy is not None:
+        policy.check(message.recipient)
     conn = _connection(session)
     plan = plan_enqueue(
         message,
@@ -128,6 +133,7 @@ def enqueue(
         guard=guard,
         receipt_ttl_seconds=receipt_ttl_seconds,
         cipher=cipher,
+        check_suppression=check_suppression,
     )
 
     def execute(name: str, params: dict[str, Any]) -> Row:
@@ -147,8 +153,12 @@ async def enqueue_async(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
     """`enqueue` on an `AsyncSession` or `AsyncConnection`; the same semantics."""
+    if policy is not None:
+        await policy.check_async(message.recipient)
     conn = await _async_connection(session)
     plan = plan_enqueue(
         message,
@@ -158,6 +168,7 @@ async def enqueue_async(
         guard=guard,
         receipt_ttl_seconds=receipt_ttl_seconds,
         cipher=cipher,
+        check_suppression=check_suppression,
     )
 
     async def execute(name: str, params: dict[str, Any]) -> Row:
