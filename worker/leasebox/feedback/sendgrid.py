@@ -46,7 +46,11 @@ from leasebox.feedback.signing import (
 SIGNATURE = "x-twilio-email-event-webhook-signature"
 TIMESTAMP = "x-twilio-email-event-webhook-timestamp"
 # `dropped` reasons that mean SendGrid keeps the address on a suppression list of its own.
-_SUPPRESSING = ("bounced address", "spam reporting address", "unsubscribed address", "invalid")
+# ("Invalid" alone: the address is on its list of invalid addresses; "Invalid SMTPAPI header"
+# and the like are about the request.)
+_SUPPRESSING = frozenset(
+    {"bounced address", "spam reporting address", "unsubscribed address", "invalid"}
+)
 
 
 def public_key(text: str) -> ec.EllipticCurvePublicKey:
@@ -130,7 +134,7 @@ def _event(item: Any) -> FeedbackEvent | None:
     if name == "spamreport":
         return FeedbackEvent(type=EventType.COMPLAINED, **common)
     if name == "dropped":
-        suppressing = (reason or "").lower().startswith(_SUPPRESSING)
+        suppressing = (reason or "").strip().lower() in _SUPPRESSING
         kind = EventType.SUPPRESSED if suppressing else EventType.REJECTED
         return FeedbackEvent(type=kind, detail=reason, **common)
     blocked = item.get("type") == "blocked"
