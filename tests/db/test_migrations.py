@@ -76,6 +76,9 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
             "history",
             "messages",
             "quotas",
+            "events",
+            "suppressions",
+            "feedback",
         }
         assert describe_schema(conn, "leasebox")["columns"] == []
 

@@ -29,7 +29,7 @@ from leasebox.demo.report import (
     OutboxRow,
     ScalingEvent,
 )
-from leasebox.demo.scenario import REJECTED_ADDRESS, ClientRecord
+from leasebox.demo.scenario import BOUNCING_ADDRESS, REJECTED_ADDRESS, ClientRecord
 from leasebox.inspection.narrative import chronicle
 from leasebox.inspection.trace import SendStory, build_story
 from leasebox.states import Event
@@ -48,6 +48,7 @@ class EvidenceLog:
     kills: list[Kill] = field(default_factory=list)
     scaling: list[ScalingEvent] = field(default_factory=list)
     unfinished: int = -1  # rows pending or processing at the last look; -1 before the first
+    bounce_answer: str | None = None  # the feedback receiver's answer to the demo's bounce
 
 
 def check_codes(
@@ -139,6 +140,8 @@ async def gather_evidence(
         retries=int(totals["retries"]),
         transient_rejections=sink.transient_rejections,
         expected_dead_recipients=frozenset({REJECTED_ADDRESS}),
+        expected_suppressed_recipients=frozenset({BOUNCING_ADDRESS}),
+        bounce_answer=log.bounce_answer,
         api=ApiStats(
             requests=record.requests,
             created=record.created,

@@ -52,6 +52,7 @@ METRIC_NAMES = (
     "leasebox_retries_total",
     "leasebox_dead_letters_total",
     "leasebox_superseded_total",
+    "leasebox_suppressed_total",
     "leasebox_lease_lost_total",
     "leasebox_leases_reclaimed_total",
     "leasebox_send_duration_seconds",
@@ -66,6 +67,8 @@ METRIC_NAMES = (
 # Why a worker may be not ready on its own account (the `cause` label of `leasebox_not_ready`):
 # its provider has not started yet, or messages have encrypted secrets and it has no keys.
 NOT_READY_CAUSES = ("provider_start", "payload_keys")
+# The `source` of a message suppressed when claimed (the provider's code when it refused it).
+SUPPRESSION_LIST = "suppression_list"
 # The `outcome` label of the provider metrics (`delivery.providers.base.Outcome`), listed here
 # so that this module needs nothing from delivery.
 PROVIDER_OUTCOMES = (
@@ -176,6 +179,14 @@ class WorkerMetrics:
             ["kind"],
             registry=r,
         )
+        self.suppressed = Counter(
+            "leasebox_suppressed_total",
+            "Messages not sent because their address is suppressed: found on the suppression "
+            "list when claimed (source suppression_list) or refused by the provider as one it "
+            "suppresses (source: the provider's code).",
+            ["kind", "source"],
+            registry=r,
+        )
         self.lease_lost = Counter(
             "leasebox_lease_lost_total",
             "Settling statements that found the lease gone (another worker owns the row).",
@@ -271,6 +282,7 @@ class WorkerMetrics:
             self.superseded.labels(kind)
             for reason in DeadReason:
                 self.dead_letters.labels(kind, reason)
+            self.suppressed.labels(kind, SUPPRESSION_LIST)
 
     def start_provider(self, provider: str, idempotent: str) -> None:
         """Describe the provider and create its outcome series at zero."""
@@ -298,6 +310,11 @@ class WorkerMetrics:
         """Count the rows of one claim, by kind (one `inc` per kind)."""
         for kind, n in Tally(kinds).items():
             self.kind(kind).claimed.inc(n)
+
+    def suppressed_rows(self, kinds: Iterable[str], source: str = SUPPRESSION_LIST) -> None:
+        """Count messages that ended `suppressed`, by kind (one `inc` per kind)."""
+        for kind, n in Tally(kinds).items():
+            self.suppressed.labels(kind, source).inc(n)
 
     def record_send(self, kind: str, provider: str, outcome: str | None, seconds: float) -> None:
         """Queue one send's time: `send_duration` always, and the provider request (counted
