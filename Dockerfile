@@ -13,8 +13,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
-# leasebox's wheel and a wheel of every dependency of leasebox[all] (worker, operator, SES, otel),
-# so the runtime stage installs offline.
+# leasebox's wheel and a wheel of every dependency of leasebox[all] (worker, operator, SES,
+# otel, feedback receivers, signup policy), so the runtime stage installs offline.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[all]"
 
 FROM ${PYTHON_IMAGE} AS runtime

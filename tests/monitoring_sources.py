@@ -20,13 +20,16 @@ DEFAULT_VARIABLES = {"namespace": "mail", "pool": "otp", "__rate_interval": "1m"
 
 
 def exported_series() -> set[str]:
-    """Every series name the worker and the operator export, as Prometheus stores them."""
+    """Every series name the worker, the operator and the feedback receivers export, as
+    Prometheus stores them."""
+    from leasebox.feedback.metrics import FeedbackMetrics
     from leasebox.runtime.metrics import WorkerMetrics
     from leasebox_operator.metrics import OperatorMetrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
     names: set[str] = set()
-    for registry in (WorkerMetrics().registry, OperatorMetrics().registry):
+    registries = (WorkerMetrics().registry, OperatorMetrics().registry, FeedbackMetrics().registry)
+    for registry in registries:
         for family in registry.collect():
             names |= {family.name + suffix for suffix in suffixes.get(family.type, ("",))}
     return names
@@ -35,6 +38,17 @@ def exported_series() -> set[str]:
 def load_rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
     return [rule for group in groups for rule in group["rules"]]
+
+
+def recorded() -> dict[str, str]:
+    """Recording rule name to PromQL expression."""
+    return {rule["record"]: rule["expr"] for rule in load_rules() if "record" in rule}
+
+
+def fleet_wide(expr: str) -> bool:
+    """Whether an expression reads only recorded series (`leasebox:...`): about a provider
+    account rather than a pool, it groups by neither namespace and pool."""
+    return "leasebox:" in expr and re.search(r"\bleasebox_[a-z_]+", expr) is None
 
 
 def alerts() -> list[dict[str, Any]]:

@@ -20,7 +20,17 @@ SLA_MET = "SLAMet"
 SCALING_LIMITED = "ScalingLimited"
 QUOTA_SUFFICIENT = "QuotaSufficient"
 PAUSED = "Paused"
-CONDITION_TYPES = (READY, DATABASE_REACHABLE, SLA_MET, SCALING_LIMITED, QUOTA_SUFFICIENT, PAUSED)
+# Whether the pool's providers' bounce and complaint rates are under the page thresholds.
+REPUTATION_HEALTHY = "ReputationHealthy"
+CONDITION_TYPES = (
+    READY,
+    DATABASE_REACHABLE,
+    SLA_MET,
+    SCALING_LIMITED,
+    QUOTA_SUFFICIENT,
+    PAUSED,
+    REPUTATION_HEALTHY,
+)
 
 Status = Literal["True", "False", "Unknown"]
 MAX_MESSAGE = 1024

@@ -25,6 +25,7 @@ from leasebox.db.migrations import expected_schema_version
 from leasebox.db.queries import query
 from leasebox.errors import ConfigurationError, NotMigrated
 from leasebox.store.backlog import GENERIC_PLANS, Backlog, fetch_backlog_async
+from leasebox.store.reputation import Verdict, fetch_reputation_async, judge
 from leasebox_operator.errors import PollError, PoolProblem, SecretError
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.settings import OperatorSettings
@@ -32,6 +33,8 @@ from leasebox_operator.settings import OperatorSettings
 APPLICATION_NAME = "leasebox-operator"
 SECRET_TTL_SECONDS = 60.0
 SCHEMA_RECHECK_SECONDS = 60.0
+# The reputation rates move over hours: read them every few minutes, not every poll.
+REPUTATION_SECONDS = 300.0
 
 
 class ConnectionPools:
@@ -93,6 +96,19 @@ class ConnectionPools:
                 "QueryFailed",
             ) from None
 
+    async def reputation(self, dsn: str, kinds: list[str], schema: str) -> Verdict:
+        """The reputation of the providers that sent `kinds`, or `PollError`."""
+        pool = await self._pool(dsn)
+        try:
+            async with pool.connection() as conn:
+                return judge(await fetch_reputation_async(conn, kinds, schema=schema))
+        except PoolTimeout:
+            raise await self._diagnose(dsn) from None
+        except psycopg.Error as exc:
+            raise PollError(
+                f"the reputation query failed: {type(exc).__name__}", "QueryFailed"
+            ) from None
+
     async def schema_version(self, dsn: str, schema: str) -> int | None:
         """The newest migration applied to `schema`, or None when it does not exist."""
         pool = await self._pool(dsn)
@@ -147,6 +163,7 @@ class DatabaseBacklogSource:
         self._ref: tuple[str, str] | None = None
         self._read_at = 0.0
         self._schema_checked_at: float | None = None
+        self._reputation_read_at: float | None = None
 
     async def _resolve(self, spec: PoolSpec) -> str:
         ref = (spec.database.secret_ref.name, spec.database.secret_ref.key)
@@ -184,6 +201,19 @@ class DatabaseBacklogSource:
         problem = schema_problem(schema, applied, needed, spec.database.migrations)
         self._schema_checked_at = None if problem else time.monotonic()
         return problem
+
+    async def reputation(self, spec: PoolSpec) -> Verdict | None:
+        """The reputation condition, read at most every `REPUTATION_SECONDS` (None between
+        reads, and when it cannot be read: it never fails a poll)."""
+        read = self._reputation_read_at
+        if read is not None and time.monotonic() - read < REPUTATION_SECONDS:
+            return None
+        self._reputation_read_at = time.monotonic()
+        try:
+            dsn = await self._resolve(spec)
+            return await self.pools.reputation(dsn, list(spec.kinds), spec.database.schema_name)
+        except PollError:
+            return None
 
     async def fetch(self, spec: PoolSpec, window_seconds: float) -> Backlog:
         dsn = await self._resolve(spec)

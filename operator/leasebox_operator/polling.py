@@ -25,10 +25,12 @@ from typing import Any, Protocol
 from leasebox.scaling import policy as scaling
 from leasebox.scaling.quota import QuotaOutlook
 from leasebox.store.backlog import Backlog
+from leasebox.store.reputation import Verdict
 from leasebox_operator.conditions import (
     DATABASE_REACHABLE,
     PAUSED,
     QUOTA_SUFFICIENT,
+    REPUTATION_HEALTHY,
     SCALING_LIMITED,
     SLA_MET,
     ConditionUpdate,
@@ -58,6 +60,9 @@ class BacklogSource(Protocol):
 
     async def fetch(self, spec: PoolSpec, window_seconds: float) -> Backlog:
         """The pool's backlog; raises `PollError` when it cannot be read."""
+
+    async def reputation(self, spec: PoolSpec) -> Verdict | None:
+        """The providers' reputation now and then (None: nothing new); never raises."""
 
 
 class PoolKube(Protocol):
@@ -208,6 +213,13 @@ class PoolPoller:
             fields["backlog"] = backlog_status(backlog)
             fields["rates"] = rates_status(arrival, backlog.sent_per_second)
             updates.append(self._sla(spec, backlog))
+            verdict = await self.source.reputation(spec)
+            if verdict is not None:
+                updates.append(
+                    ConditionUpdate.of(
+                        REPUTATION_HEALTHY, verdict.healthy, verdict.reason, verdict.message
+                    )
+                )
             if deployment is not None:
                 fields |= await self._scale(spec, backlog, deployment, now, arrival, updates)
         elif deployment is not None:
@@ -450,6 +462,15 @@ class PoolPoller:
                 else:
                     fits = "arrivals fit in the quota again"
                     await self.kube.event("Normal", "WithinQuota", fits)
+            elif kind == REPUTATION_HEALTHY and new in ("True", "False"):
+                at_risk = new == "False"
+                await self.kube.event(
+                    "Warning" if at_risk else "Normal",
+                    "ReputationAtRisk" if at_risk else "ReputationHealthy",
+                    "a provider's bounce or complaint rate is over its page threshold"
+                    if at_risk
+                    else "the providers' bounce and complaint rates are under the thresholds",
+                )
             elif kind == PAUSED:
                 await self.kube.event(
                     "Normal",

@@ -15,7 +15,15 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from monitoring_sources import RULES_FILE, alert_expressions, alerts, exported_series, load_rules
+from monitoring_sources import (
+    RULES_FILE,
+    alert_expressions,
+    alerts,
+    exported_series,
+    fleet_wide,
+    load_rules,
+    recorded,
+)
 from support.prometheus import required_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,17 +143,22 @@ def test_every_runbook_section_tells_meaning_impact_diagnosis_and_mitigation() -
 def test_the_alerts_read_only_metrics_leasebox_exports() -> None:
     known = exported_series()
     assert "leasebox_pool_max_replicas" in known
-    for name, expr in alert_expressions().items():
+    records = recorded()
+    assert "leasebox:feedback_bounce_rate:24h" in records
+    for name, expr in {**alert_expressions(), **records}.items():
         used = set(re.findall(r"\bleasebox_[a-z_]+", expr))
         if 'up{job="leasebox-operator"}' in expr:
             continue  # about the operator's scrape target, not its metrics
+        if fleet_wide(expr):  # reads series the rules file records
+            assert set(re.findall(r"\bleasebox:[a-z_0-9:]+", expr)) <= set(records), name
+            continue
         assert used, name
         assert sorted(used - known) == [], name
 
 
 def test_pool_alerts_match_series_on_namespace_and_pool() -> None:
     for name, expr in alert_expressions().items():
-        if "absent(" in expr:
+        if "absent(" in expr or fleet_wide(expr):
             continue
         for grouping in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr):
             labels = {label.strip() for label in grouping.split(",")}
@@ -214,4 +227,28 @@ def test_a_pools_prometheus_rule_checks_and_fires_for_that_pool_only(tmp_path: P
                             capture_output=True, text=True, check=False)  # fmt: skip
     assert tested.returncode == 0, tested.stdout + tested.stderr
     names = {rule["alert"] for group in groups for rule in group["rules"]}
-    assert names == set(alert_expressions()) - {"LeaseboxOperatorDown"}
+    fleet = {name for name, expr in alert_expressions().items() if fleet_wide(expr)}
+    assert {"LeaseboxBounceRateCritical", "LeaseboxGmailSpamRateHigh"} <= fleet
+    assert names == set(alert_expressions()) - {"LeaseboxOperatorDown"} - fleet
+
+
+def test_the_reputation_unit_tests_notice_a_changed_page_threshold(tmp_path: Path) -> None:
+    """A bounce page moved from 5 % to 6 % leaves a 5.66 % bounce rate unpaged: a test fails."""
+    text = RULES_FILE.read_text()
+    mutated = text.replace(
+        "leasebox:feedback_bounce_rate:24h > 0.05", "leasebox:feedback_bounce_rate:24h > 0.06"
+    )
+    assert mutated != text
+    (tmp_path / "rules.yaml").write_text(mutated)
+    spec = yaml.safe_load((Path(__file__).parent / "promtool" / "reputation.yaml").read_text())
+    spec["rule_files"] = ["rules.yaml"]
+    (tmp_path / "reputation.yaml").write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [promtool(), "test", "rules", "reputation.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "LeaseboxBounceRateCritical" in result.stdout + result.stderr

@@ -18,8 +18,10 @@ import yaml
 from monitoring_sources import (
     dashboard_expressions,
     exported_series,
+    fleet_wide,
     load_dashboard,
     panels,
+    recorded,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +49,9 @@ def test_every_pool_panel_filters_on_the_selected_pool() -> None:
     for key, expr in dashboard_expressions({"namespace": "NS", "pool": "POOL"}).items():
         if "leasebox_operator_poll_duration_seconds" in expr:
             continue  # one histogram for all pools of the operator
+        if fleet_wide(expr):  # a provider account's reputation: the namespace's accounts
+            assert 'namespace="NS"' in expr, key
+            continue
         selectors = re.findall(r"\bleasebox_[a-z_]+\{([^}]*)\}", expr)
         assert selectors, key
         for selector in selectors:
@@ -70,6 +75,8 @@ def test_the_dashboard_has_the_panels_an_operator_needs() -> None:
         )
     assert "leasebox_pool_desired_replicas" in exprs
     assert "leasebox_pool_replicas{" in exprs
+    assert "Hard-bounce rate by provider and sending domain" in titles
+    assert "leasebox:feedback_complaint_rate:24h" in exprs
 
 
 def test_panels_do_not_overlap_and_fit_the_grid() -> None:
@@ -90,7 +97,11 @@ def test_panels_do_not_overlap_and_fit_the_grid() -> None:
 
 def test_the_dashboard_reads_only_metrics_leasebox_exports() -> None:
     known = exported_series()
+    records = recorded()
     for key, expr in dashboard_expressions().items():
+        if fleet_wide(expr):
+            assert set(re.findall(r"\bleasebox:[a-z_0-9:]+", expr)) <= set(records), key
+            continue
         used = set(re.findall(r"\bleasebox_[a-z_]+", expr))
         assert used, key
         assert sorted(used - known) == [], key

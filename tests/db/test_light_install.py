@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HEAVY = (
     *("aiohttp", "aiosmtplib", "jinja2", "prometheus_client", "psycopg_pool", "kopf", "yaml"),
     *("sqlalchemy", "asyncpg", "django", "botocore", "aiobotocore"),
+    *("uvicorn", "dns", "disposable_email_domains"),
 )
 
 pytestmark = pytest.mark.slow

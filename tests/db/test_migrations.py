@@ -77,6 +77,9 @@ def test_a_custom_schema_name_gets_its_own_tables(empty_db_dsn: str) -> None:
             "messages",
             "quotas",
             "audit",
+            "events",
+            "suppressions",
+            "feedback",
         }
         assert describe_schema(conn, "leasebox")["columns"] == []
 
@@ -222,6 +225,37 @@ def test_upgrading_a_populated_0003_schema_splits_queue_from_messages_and_keeps_
     assert legacy == (5,)
     assert defaults == (0,)  # the receipt expiring in 20 days has its day's partition
     assert fresh.outbox_id > max(before.values())
+
+
+def test_upgrading_a_0006_schema_keeps_its_superseded_messages_and_allows_suppressed_ones(
+    empty_db_dsn: str,
+) -> None:
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA leasebox")
+    assert migrate_to(empty_db_dsn, 6) == [1, 2, 3, 4, 5, 6]
+    with psycopg.connect(empty_db_dsn) as conn:
+        old = enqueue(conn, otp("a@x.io", replacement_key="challenge-1"), cipher=SEALING)
+        new = enqueue(conn, otp("a@x.io", replacement_key="challenge-1"), cipher=SEALING)
+
+    assert [m.version for m in migrate(empty_db_dsn)] == [
+        m.version for m in available_migrations() if m.version > 6
+    ]
+
+    with psycopg.connect(empty_db_dsn) as conn:
+        # The widened event check keeps what 0006 allowed and takes what 0007 adds.
+        conn.execute(
+            "INSERT INTO leasebox.history (outbox_id, bucket, kind, event, at)"
+            " SELECT id, bucket, kind, 'suppressed', now() FROM leasebox.outbox WHERE id = %s",
+            (new.outbox_id,),
+        )
+        conn.execute("DELETE FROM leasebox.queue WHERE id = %s", (new.outbox_id,))
+        found = conn.execute(
+            "SELECT id, status, superseded_by FROM leasebox.messages ORDER BY id"
+        ).fetchall()
+    assert found == [
+        (old.outbox_id, "superseded", new.outbox_id),
+        (new.outbox_id, "suppressed", None),
+    ]
 
 
 def migrate_to(dsn: str, version: int) -> list[int]:

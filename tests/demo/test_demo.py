@@ -164,6 +164,21 @@ def test_a_failed_api_check_or_a_replay_mismatch_fails_the_verdict() -> None:
     assert any("reused key -> 422" in r for r in reasons)
 
 
+def test_a_suppressed_send_to_the_bounced_address_is_no_loss_but_a_missing_one_fails() -> None:
+    bounced = "mistyped@bounces.example"
+    held = summarise(
+        evidence(
+            accepted={"c1": 1, "c2": 2, "c3": 3, "c4": 4},
+            rows=[row(1), row(2), row(3, "dead", REJECTED_ADDRESS), row(4, "suppressed", bounced)],
+            expected_suppressed_recipients=frozenset({bounced}),
+        )
+    )
+    missing = summarise(evidence(expected_suppressed_recipients=frozenset({bounced})))
+    assert (held.suppressed, held.lost) == ((4,), ())
+    assert verdict(held) == []
+    assert any("bounced and were sent to again" in reason for reason in verdict(missing))
+
+
 def test_percentiles_use_the_nearest_rank() -> None:
     assert percentile([], 0.5) is None
     assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
@@ -226,7 +241,13 @@ def test_a_shortened_demo_delivers_every_accepted_send_and_explains_each_duplica
     dead = summary["dead_letters"]
     assert len(dead) == 1
     assert dead[0][1] == "rejected"
-    assert summary["logical_sends_accepted"] == summary["delivered"] + len(dead)
+    # The mistyped address bounced after its first send; its second ended suppressed.
+    assert len(summary["suppressed"]) == 1
+    assert summary["missing_suppressed"] == []
+    assert summary["bounce_answer"] == "200 stored 1 of 1"
+    assert summary["logical_sends_accepted"] == (
+        summary["delivered"] + len(dead) + len(summary["suppressed"])
+    )
     assert summary["lost"] == []
     assert summary["unfinished"] == []
     (kill,) = summary["kills"]

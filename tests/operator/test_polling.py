@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from leasebox.store.backlog import Backlog, KindBacklog
+from leasebox.store.reputation import ProviderReputation, Verdict, judge
 from leasebox_operator.errors import PoolProblem
 from leasebox_operator.metrics import OperatorMetrics
 from leasebox_operator.models import PoolSpec
@@ -52,6 +53,7 @@ class FakeSource:
     def __init__(self) -> None:
         self.next: Backlog | PollError = _backlog(0)
         self.schema: PoolProblem | None = None
+        self.verdict: Verdict | None = None
 
     async def check_schema(self, spec: PoolSpec) -> PoolProblem | None:
         if isinstance(self.next, PollError):
@@ -62,6 +64,10 @@ class FakeSource:
         if isinstance(self.next, PollError):
             raise self.next
         return self.next
+
+    async def reputation(self, spec: PoolSpec) -> Verdict | None:
+        verdict, self.verdict = self.verdict, None
+        return verdict
 
 
 class FakeKube:
@@ -171,6 +177,36 @@ async def test_database_outage_keeps_replicas_and_backs_off_with_one_event(
     assert await harness.poll() == 1.0
     assert harness.condition("DatabaseReachable")["status"] == "True"
     assert harness.kube.reasons()[-1] == "DatabaseReachable"
+
+
+async def test_a_provider_over_a_page_threshold_sets_the_reputation_condition_and_an_event(
+    harness: Harness,
+) -> None:
+    fine = ProviderReputation("ses", 9900, 100, 2, 60000, 500, 10)
+    bouncing = ProviderReputation("ses", 9000, 1000, 2, 60000, 1500, 10)
+    harness.source.verdict = judge([fine])
+    await harness.poll()
+    assert harness.condition("ReputationHealthy")["status"] == "True"
+    await harness.poll()  # between reads: the condition stays
+    harness.source.verdict = judge([bouncing])
+    await harness.poll()
+    condition = harness.condition("ReputationHealthy")
+    assert (condition["status"], condition["reason"]) == ("False", "BounceRateHigh")
+    assert "ses hard-bounced 10.0% today" in condition["message"]
+    assert harness.kube.events[-1][:2] == ("Warning", "ReputationAtRisk")
+    assert harness.condition("Ready")["status"] != "False"  # the pool itself still works
+    harness.source.verdict = judge([fine])
+    await harness.poll()
+    assert harness.kube.events[-1][:2] == ("Normal", "ReputationHealthy")
+
+
+def test_the_reputation_is_judged_only_over_enough_volume() -> None:
+    assert judge([]).healthy is None
+    assert judge([ProviderReputation("postmark", 50, 40, 0, 50, 40, 0)]).reason == "TooFewEvents"
+    complaints = judge([ProviderReputation("sendgrid", 2000, 0, 3, 2000, 0, 3)])
+    assert (complaints.healthy, complaints.reason) == (False, "ComplaintRateHigh")
+    few = judge([ProviderReputation("sendgrid", 500, 0, 3, 500, 0, 3)])  # 0.6 % of too few
+    assert (few.healthy, few.reason) == (True, "WithinLimits")
 
 
 async def test_pause_scales_to_zero_and_holds_there_while_the_backlog_is_reported(

@@ -222,3 +222,25 @@ def test_a_resent_code_supersedes_the_pending_one_through_every_orm(
         (old.outbox_id, "superseded", new.outbox_id),
         (new.outbox_id, "pending", None),
     ]
+
+
+def test_every_adapter_refuses_a_suppressed_mailbox_and_a_refused_domain(
+    orm_producer: Producer, db_dsn: str
+) -> None:
+    with psycopg.connect(db_dsn) as conn:
+        conn.execute(
+            "INSERT INTO leasebox.suppressions (scope, recipient_key, reason)"
+            " VALUES ('login', 'ada@example.com', 'hard_bounce')"
+        )
+    with pytest.raises(leasebox.RecipientSuppressed):
+        orm_producer.enqueue(otp(), scope="login", check_suppression=True)
+    orm_producer.rollback()
+    with pytest.raises(leasebox.RecipientRefused):
+        orm_producer.enqueue(
+            OutboxMessage(kind="otp", recipient="ada@mailinator.com"),
+            policy=leasebox.RecipientPolicy(),
+        )
+    orm_producer.rollback()
+    orm_producer.enqueue(otp(), scope="signup", check_suppression=True)
+    orm_producer.commit()
+    assert len(rows(db_dsn)) == 1

@@ -50,6 +50,8 @@ class ScriptedProvider:
         self.attempts: Counter[str] = Counter()
         self.transient_failures: dict[str, int] = {}
         self.rejected: set[str] = set()
+        # Recipients the provider refuses with a permanent error of this code (`postmark_406`).
+        self.refusals: dict[str, str] = {}
         self.holds: dict[str, asyncio.Event] = {}
         self.held: dict[str, asyncio.Event] = {}
         self.hold_all: asyncio.Event | None = None
@@ -78,6 +80,9 @@ class ScriptedProvider:
             await self.hold_all.wait()
         if email.recipient in self.rejected:
             raise PermanentProviderError("smtp_550", "550 mailbox unavailable")
+        if email.recipient in self.refusals:
+            code = self.refusals[email.recipient]
+            raise PermanentProviderError(code, f"refused ({code})")
         remaining = self.transient_failures.get(email.recipient, 0)
         if remaining:
             self.transient_failures[email.recipient] = remaining - 1

@@ -19,7 +19,7 @@ def test_the_status_enum_is_the_queues_states_and_the_ways_a_message_leaves_it()
     allowed = re.search(r"CHECK \(status IN \(([^)]*)\)\)", schema)
     assert allowed is not None
     queued = set(re.findall(r"'([a-z_]+)'", allowed.group(1)))
-    gone = {Status.SENT.value, Status.SUPERSEDED.value}
+    gone = {Status.SENT.value, Status.SUPERSEDED.value, Status.SUPPRESSED.value}
     assert queued == {s.value for s in Status} - gone
     view = re.findall(r"coalesce\(q\.status, s\.event, '([a-z_]+)'\) AS status", schema)
     assert view == [Status.SENT.value]

@@ -15,6 +15,7 @@ from uuid import UUID
 import pytest
 
 from leasebox.delivery.providers.base import derived_message_id, key_digest
+from leasebox.inspection.aftermath import when
 from leasebox.inspection.narrative import (
     attempt_line,
     chronicle,
@@ -24,7 +25,6 @@ from leasebox.inspection.narrative import (
     render_text,
     requests_answer,
     trace_dict,
-    when,
 )
 from leasebox.inspection.trace import (
     IN_FLIGHT,

@@ -18,11 +18,16 @@ from leasebox.errors import (
     NotMigrated,
     PayloadKeyError,
     RateLimited,
+    RecipientRefused,
+    RecipientSuppressed,
 )
 from leasebox.messages import OutboxMessage, Receipt
 from leasebox.producer.batch import enqueue_many, enqueue_many_async
 from leasebox.producer.enqueue import enqueue, enqueue_async
 from leasebox.producer.guard import AbuseGuard
+from leasebox.producer.recipients import RecipientPolicy
+from leasebox.store.suppressions import remove_suppression as lift_suppression
+from leasebox.store.suppressions import remove_suppression_async as lift_suppression_async
 from leasebox.version import __version__
 
 __all__ = [
@@ -41,6 +46,9 @@ __all__ = [
     "PayloadKeyError",
     "RateLimited",
     "Receipt",
+    "RecipientPolicy",
+    "RecipientRefused",
+    "RecipientSuppressed",
     "TemplateSpec",
     "__version__",
     "enqueue",
@@ -48,6 +56,8 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_async",
     "libpq_dsn",
+    "lift_suppression",
+    "lift_suppression_async",
     "register_kind",
     "register_template",
 ]

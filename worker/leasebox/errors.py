@@ -1,7 +1,8 @@
 """Every error leasebox raises on purpose, in one place, with one base class per concern.
 
-Callers catch these by type (an HTTP API maps `IdempotencyConflict` to 422 and `RateLimited`
-to 429; the CLI turns a `LeaseboxError` into one line and an exit code), so each carries the
+Callers catch these by type (an HTTP API maps `IdempotencyConflict` to 422, `RateLimited`
+to 429, `RecipientSuppressed` and `RecipientRefused` to 422 with their `reason`; the CLI
+turns a `LeaseboxError` into one line and an exit code), so each carries the
 figures a caller needs and never a secret, a password or a message body.
 
     LeaseboxError
@@ -17,7 +18,9 @@ figures a caller needs and never a secret, a password or a message body.
     │   │   └── BatchConflict     some messages of an `enqueue_many` batch did so
     │   ├── RateLimited           the abuse guard's limit is reached (HTTP 429)
     │   ├── AlreadyExpired        past its expires_at on the database's clock (a ValueError)
-    │   └── InvalidRequest        a key, scope or request hash cannot be used (a ValueError)
+    │   ├── InvalidRequest        a key, scope or request hash cannot be used (a ValueError)
+    │   ├── RecipientSuppressed   the address is on the scope's suppression list (HTTP 422)
+    │   └── RecipientRefused      the domain policy refuses the address (HTTP 422)
     └── DeliveryError             a message could not be prepared or sent
         ├── TemplateError         a template is missing, malformed or lacks a variable
         ├── UnreadableData        a stored message's data cannot be decoded (nested too deep)
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 # A failure's class: whether the worker tries again later or dead-letters the message now.
 TRANSIENT = "transient"
@@ -229,6 +233,33 @@ class AlreadyExpired(RequestRefused, ValueError):
             "shorter than the skew"
         )
         self.positions = tuple(positions or ())
+
+
+class RecipientSuppressed(RequestRefused):
+    """The address is on the scope's suppression list (HTTP analogue: 422).
+
+    `reason` is why (`hard_bounce`, `complaint`, `soft_bounces`, `provider`, `manual`) and
+    `expires_at` until when (None: until someone lifts it, `leasebox.lift_suppression`).
+    The message names neither the address nor the scope's other entries.
+    """
+
+    def __init__(self, reason: str, expires_at: datetime | None) -> None:
+        until = f" until {expires_at.isoformat(timespec='seconds')}" if expires_at else ""
+        super().__init__(f"the address is suppressed ({reason}){until}")
+        self.reason = reason
+        self.expires_at = expires_at
+
+
+class RecipientRefused(RequestRefused):
+    """The domain policy refuses the address before anything is written (HTTP analogue: 422).
+
+    `reason` is short and stable (`disposable_domain`, `invalid_domain`, `no_mail_server`)
+    for an API to map to its own words; the message says it in a sentence.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class DeliveryError(LeaseboxError):

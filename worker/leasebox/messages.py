@@ -6,9 +6,11 @@ PostgreSQL cannot store (a NUL byte, a lone UTF-16 surrogate), which would other
 the caller's whole transaction from inside the database. `Receipt` is what the producer gets
 back: the same outbox id for a retried request.
 
-Recipients are normalised once, here (`recipient_key`: trimmed, case-folded, the domain in
-its IDNA ASCII form), for everything that counts or compares them: the abuse guard and its
-index, the request fingerprint. The address as given (trimmed) is what is sent.
+Recipients are normalised once, here (`recipient_key`: the mailbox an address reaches,
+trimmed, case-folded, the domain in its IDNA ASCII form, and a tag or dots dropped where the
+domain's mail service ignores them), for everything that counts or compares mailboxes: the
+abuse guard and its index, the suppression list. The address as given (trimmed) is what is
+sent.
 
 On the worker's side, `LazyJsonLoader` reads a claimed row's `data` as a `JsonObject`, which
 decodes its JSON only when a provider that reads content first looks inside: a worker that
@@ -17,7 +19,6 @@ sends through `null://` (or fails a row before rendering) never pays for the dec
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
@@ -40,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from leasebox.addresses import address_key, ascii_domain, mailbox_key
 from leasebox.errors import InvalidMessage, InvalidRequest, UnreadableData
 
 BUILTIN_KINDS = ("otp", "verification", "password_reset", "invite")
@@ -77,29 +79,13 @@ def visible(text: str) -> bool:
     return all(c.isprintable() and not c.isspace() for c in text)
 
 
-@functools.lru_cache(maxsize=4096)
-def ascii_domain(domain: str) -> str:
-    """The domain in lower-case IDNA ASCII form (`Bücher.DE` -> `xn--bcher-kva.de`).
-
-    Cached: a producer's recipients share few domains, and every message needs its domain's
-    form three times (validation, the recipient key, the request's fingerprint).
-    """
-    try:
-        return domain.encode("idna").decode("ascii").lower()
-    except UnicodeError:
-        raise ValueError("not a valid email address: the domain is not a valid name") from None
-
-
 def recipient_key(address: str) -> str:
-    """The one normalised form of an address that every count and comparison uses.
-
-    Trimmed, the local part case-folded, the domain in lower-case IDNA ASCII form, so that
-    `Ada@Example.com`, ` ada@example.com` and `ada@EXAMPLE.COM` are one recipient, and so are
-    `ada@bücher.de` and `ada@xn--bcher-kva.de`. Mailbox local parts are case-sensitive in
-    theory and never in practice; counting them apart would let letter case bypass a limit.
-    """
-    local, _, domain = address.strip().rpartition("@")
-    return f"{local.casefold()}@{ascii_domain(domain)}"
+    """The one normalised form of an address that every count and comparison uses: the
+    mailbox it reaches (`leasebox.addresses.mailbox_key`), so that `Ada@Example.com` and
+    `ada@example.com`, `ada@bücher.de` and `ada@xn--bcher-kva.de`, or `A.B+x@gmail.com` and
+    `ab@gmail.com` count as one recipient: letter case, a domain's form, or a tag its mail
+    service ignores never get past a limit or a suppression."""
+    return mailbox_key(address)
 
 
 def _check_email(value: str) -> str:
@@ -318,7 +304,9 @@ class OutboxMessage(BaseModel):
         canonical = json.dumps(
             {
                 "kind": self.kind,
-                "recipient": self.recipient_key,
+                # The address's own form: a retried request that spells a mailbox
+                # another way is another request, as it was before mailbox keys.
+                "recipient": address_key(self.recipient),
                 "template": self.template,
                 "aggregate_id": self.aggregate_id,
                 "data": self.data,

@@ -9,7 +9,8 @@ queries use. Each state says what moves a row into it and what moves it out:
        |                   |--transient error--> pending (available_at = now + backoff)
        |                   |--lease released or expired--> pending (or dead, out of attempts)
        |                   \\--a newer message of its key, seen before the wire--> superseded
-       \\--a newer message of its replacement key committed--> superseded
+       |--a newer message of its replacement key committed--> superseded
+       \\--claim finds the address suppressed, or the provider refuses it as such--> suppressed
     dead --requeue (a person: `leasebox dead-letters requeue`)--> pending
 """
 
@@ -45,6 +46,11 @@ class Status(StrEnum):
     written to the wire: by the producer's transaction while pending, or by the worker's
     check right before the wire while processing. Final, neither retried nor a dead letter;
     like `sent`, its row has left the queue and its history names the newer message."""
+    SUPPRESSED = "suppressed"
+    """Not sent, for good: the address was on the suppression list when a worker claimed it
+    (no attempt is spent), or the provider refused it as one it suppresses. Final, neither
+    retried nor a dead letter; like `sent` it leaves the queue (the `messages` view and the
+    history's `suppressed` row say it)."""
 
 
 class DeadReason(StrEnum):
@@ -73,7 +79,9 @@ class Event(StrEnum):
 
     A claim and the event that ended its lease share a `lease_token`; `lease_lost` is the
     report of a worker that settled after its lease had ended, `expired` and `requeued` are
-    transitions outside any lease, and `superseded` ends a lease or happens outside one."""
+    transitions outside any lease, and `superseded` ends a lease or happens outside one.
+    `suppressed` ends a message at its claim (no lease is taken) or, when the provider
+    refused the address, ends the lease of that attempt."""
 
     CLAIMED = "claimed"
     SENT = "sent"
@@ -86,3 +94,4 @@ class Event(StrEnum):
     EXPIRED = "expired"
     REQUEUED = "requeued"
     SUPERSEDED = "superseded"
+    SUPPRESSED = "suppressed"

@@ -8,6 +8,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from leasebox.db.queries import DEFAULT_SCHEMA
 from leasebox.errors import ConfigurationError
@@ -82,3 +83,18 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
     return number
+
+
+def connect_migrated(args: argparse.Namespace) -> tuple[Any, str]:
+    """A connection to the command's database (`database`), whose schema is migrated (else
+    `NotMigrated`), and that schema."""
+    from leasebox.db.connections import check_migrated, connect
+
+    db = database(args)
+    conn = connect(db.dsn)
+    try:
+        check_migrated(conn, db.schema)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, db.schema

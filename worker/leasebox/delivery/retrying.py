@@ -41,6 +41,12 @@ class Failure:
         return self.error_class == TRANSIENT
 
     @property
+    def suppressed_by_provider(self) -> bool:
+        """Whether the provider refused the address as one it suppresses (Postmark's 406,
+        an inactive recipient): the message ends `suppressed`, the mailbox goes on the list."""
+        return self.code in PROVIDER_SUPPRESSION_CODES
+
+    @property
     def dead_reason(self) -> DeadReason:
         """The dead-letter reason if this failure ends the message now."""
         if self.code == EXPIRED_CODE:
@@ -57,6 +63,10 @@ EXPIRED_CODE = "expired"
 # The provider may have taken the message (`AmbiguousProviderError`, a send cut short).
 AMBIGUOUS_CODE = "ambiguous"
 TIMEOUT_CODE = "timeout"
+# The codes of a provider's refusal of an address it suppresses (hard-bounced, complained,
+# unsubscribed, deactivated) at the time of the send. SES, SendGrid, Mailgun and Resend accept
+# such a message and say so in their events instead (`leasebox.feedback`).
+PROVIDER_SUPPRESSION_CODES = frozenset({"postmark_406"})
 # A code becomes a metric label and a column: short, lower-case, from a small alphabet.
 MAX_CODE_LENGTH = 40
 _CODE_CHARACTERS = re.compile(r"[^a-z0-9_]+")

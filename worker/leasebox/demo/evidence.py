@@ -29,7 +29,7 @@ from leasebox.demo.report import (
     OutboxRow,
     ScalingEvent,
 )
-from leasebox.demo.scenario import REJECTED_ADDRESS, ClientRecord
+from leasebox.demo.scenario import BOUNCING_ADDRESS, REJECTED_ADDRESS, ClientRecord
 from leasebox.demo.sla import SlaAccount
 from leasebox.inspection.narrative import chronicle
 from leasebox.inspection.trace import SendStory, build_story
@@ -52,6 +52,7 @@ class EvidenceLog:
     # The oldest pending message's age at each look (t, seconds), and the scripted events.
     oldest: list[tuple[float, float]] = field(default_factory=list)
     timeline: list[tuple[float, str]] = field(default_factory=list)
+    bounce_answer: str | None = None  # the feedback receiver's answer to the demo's bounce
 
 
 def check_codes(
@@ -144,6 +145,8 @@ async def gather_evidence(
         retries=int(totals["retries"]),
         transient_rejections=sink.transient_rejections,
         expected_dead_recipients=frozenset({REJECTED_ADDRESS}),
+        expected_suppressed_recipients=frozenset({BOUNCING_ADDRESS}),
+        bounce_answer=log.bounce_answer,
         api=ApiStats(
             requests=record.requests,
             created=record.created,

@@ -129,6 +129,10 @@ class Evidence:
     wall_seconds: float = 0.0
     scenario: str = ""
     sla: SlaAccount | None = None
+    # Addresses that bounced after a send: a later send to them must end suppressed, unsent.
+    expected_suppressed_recipients: frozenset[str] = frozenset()
+    # How the feedback receiver answered the bounce the demo reported (None: not reported).
+    bounce_answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,9 @@ class Summary:
     codes_mismatched: int
     sla: SlaAccount | None = None
     late_messages: int = 0
+    suppressed: tuple[int, ...] = ()
+    missing_suppressed: tuple[str, ...] = ()
+    bounce_answer: str | None = None
 
     def duplicates_by_cause(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -234,8 +241,15 @@ def summarise(evidence: Evidence) -> Summary:
         found = rows_by_id.get(outbox_id)
         ok_sent = found is not None and found.status == "sent" and outbox_id in delivered_ids
         ok_dead = found is not None and found.status == "dead" and found.recipient in expected
-        if not (ok_sent or ok_dead):
+        ok_suppressed = (
+            found is not None
+            and found.status == "suppressed"
+            and found.recipient in evidence.expected_suppressed_recipients
+            and outbox_id not in delivered_ids
+        )
+        if not (ok_sent or ok_dead or ok_suppressed):
             lost.append(outbox_id)
+    suppressed = [r.id for r in evidence.rows if r.status == "suppressed"]
     latencies = [r.latency_seconds for r in evidence.rows if r.latency_seconds is not None]
     known_keys = {row.delivery_key for row in evidence.rows}
     return Summary(
@@ -268,6 +282,14 @@ def summarise(evidence: Evidence) -> Summary:
         codes_mismatched=evidence.codes_mismatched,
         sla=evidence.sla,
         late_messages=sum(1 for s in latencies if evidence.sla and s > evidence.sla.sla_seconds),
+        suppressed=tuple(suppressed),
+        missing_suppressed=tuple(
+            sorted(
+                evidence.expected_suppressed_recipients
+                - {r.recipient for r in evidence.rows if r.id in suppressed}
+            )
+        ),
+        bounce_answer=evidence.bounce_answer,
     )
 
 
@@ -326,6 +348,11 @@ def verdict(summary: Summary) -> list[str]:
     failed_checks = [name for name, ok in summary.api.checks.items() if not ok]
     if failed_checks:
         reasons.append("API check(s) failed: " + "; ".join(failed_checks))
+    if summary.missing_suppressed:
+        reasons.append(
+            f"{len(summary.missing_suppressed)} address(es) bounced and were sent to again "
+            "(or never asked for again): no later send to them ended suppressed"
+        )
     if summary.codes_mismatched:
         reasons.append(f"{summary.codes_mismatched} delivered code(s) do not match their challenge")
     return reasons
@@ -369,7 +396,17 @@ def render(summary: Summary) -> str:
             ", ".join(sorted({reason for _, reason in summary.dead_letters}))
             + (" (the permanently rejected address)" if summary.dead_letters else ""),
         ),
-        ("lost", _n(len(summary.lost)), "accepted but neither delivered nor dead-lettered"),
+        (
+            "suppressed",
+            _n(len(summary.suppressed)),
+            "the next send to the address that bounced after delivery ended suppressed, "
+            f"unsent (the receiver answered the bounce: {summary.bounce_answer or 'not sent'})",
+        ),
+        (
+            "lost",
+            _n(len(summary.lost)),
+            "accepted but neither delivered, dead-lettered nor suppressed",
+        ),
         ("copies received", _n(summary.copies_received), "every accepted SMTP transaction"),
         (
             "duplicates",
@@ -442,8 +479,8 @@ def render(summary: Summary) -> str:
         lines += [f"  - {reason}" for reason in reasons]
     else:
         lines.append(
-            "Guarantees held: every accepted send was delivered or dead-lettered by a permanent "
-            "rejection, and every duplicate has a killed worker or a lost lease behind it in "
-            "its attempt history."
+            "Guarantees held: every accepted send was delivered, dead-lettered by a permanent "
+            "rejection or suppressed after its address bounced, and every duplicate has a "
+            "killed worker or a lost lease behind it in its attempt history."
         )
     return "\n".join(lines)

@@ -1,11 +1,12 @@
 """`leasebox demo`: the whole flow on one machine, and a verdict on what leasebox guarantees.
 
-It starts an embedded PostgreSQL, a real SMTP server, the reference OTP API and a pool of real
-worker processes sized every second by the operator's own scaling policy, then plays a
-scripted bad day (a login burst with client retries, a provider outage, a bounced address,
-a worker killed mid-send) and checks the outcome against three witnesses: what the API told
-its clients, what the outbox rows say, and what the SMTP server received. The exit code is 0
-only when no accepted send was lost and every duplicate has a crash or lease loss behind it.
+It starts an embedded PostgreSQL, a real SMTP server, the reference OTP API and a pool of
+real worker processes sized every second by the operator's own scaling policy, then plays a
+scripted bad day (a login burst with client retries, a provider outage, a rejected address,
+a worker killed mid-send, an address that bounces after it was sent and is then suppressed)
+and checks the outcome against three witnesses: what the API told its clients, what the
+outbox rows say, and what the SMTP server received. The exit code is 0 only when no accepted
+send was lost and every duplicate has a crash or lease loss behind it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from leasebox.db.migrations import migrate
 from leasebox.db.queries import query
+from leasebox.demo.bounce import BouncingService
 from leasebox.demo.display import Display, status_line
 from leasebox.demo.evidence import DEMO_SQL, EvidenceLog, gather_evidence
 from leasebox.demo.monitoring import Alerting, Observatory
 from leasebox.demo.otp_api import OtpApiSettings, build_app, create_schema
 from leasebox.demo.pool import WorkerOptions, WorkerPool
 from leasebox.demo.report import Kill, ScalingEvent, Summary, summarise
-from leasebox.demo.scenario import REJECTED_ADDRESS, LoadClients, Scenario
+from leasebox.demo.scenario import BOUNCING_ADDRESS, REJECTED_ADDRESS, LoadClients, Scenario
 from leasebox.demo.sla import SlaAccount, account
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
 from leasebox.scaling.policy import Observation, PolicyState, ScalingSpec, decide
@@ -105,6 +107,7 @@ class _Run:
         self.started_at = time.time()
         observatory = settings.observatory
         self.alerting = None if observatory is None else Alerting(observatory, settings)
+        self.bouncing = BouncingService(dsn, SCHEMA)
         self.sink = SmtpSink(
             rejected=[REJECTED_ADDRESS],
             delay_seconds=settings.scenario.sink_delay_seconds,
@@ -226,7 +229,13 @@ class _Run:
             f"back after the {pool.options.lease_seconds:g}s lease expires",
         )
 
-    async def script(self, conn: psycopg.AsyncConnection[Any], pool: WorkerPool) -> None:
+    async def script(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        pool: WorkerPool,
+        clients: LoadClients,
+        session: aiohttp.ClientSession,
+    ) -> None:
         """The scripted faults, each at its time."""
         scenario = self.settings.scenario
         await self._at(scenario.failure_start)
@@ -237,6 +246,32 @@ class _Run:
         self._scripted("the SMTP server accepts mail again")
         await self._at(scenario.kill_at)
         await self.kill_busiest(conn, pool)
+        await self._at(scenario.bounce_at)
+        await self.bounce(conn, clients, session)
+
+    async def bounce(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        clients: LoadClients,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        """The mail service reports the mistyped address's bounce; then it is asked for again."""
+        report = await self.bouncing.bounce(conn, session, self.elapsed())
+        if report is None:
+            self._scripted("the mistyped address was never sent to")
+            return
+        self.log.bounce_answer = f"{report.status} {report.answer}"
+        self.display.event(
+            report.at_seconds,
+            f"the mail service reports a hard bounce (5.1.1) for {BOUNCING_ADDRESS}, signed "
+            f"as Resend signs it; the receiver answers {report.status} ({report.answer}) and "
+            "suppresses the mailbox",
+        )
+        await clients.mistyped(session)
+        self._scripted(
+            f"a new login code for {BOUNCING_ADDRESS} is accepted; the worker that claims it "
+            "ends it suppressed, and the SMTP server never sees it",
+        )
 
     def _scripted(self, text: str) -> None:
         self.display.event(self.elapsed(), text)
@@ -314,12 +349,18 @@ async def _run_with_database(
     pool = WorkerPool(options, session)
     tasks: list[asyncio.Task[None]] = []
     try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        async with (
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
+            run.bouncing.serving() as feedback_url,
+        ):
             await create_schema(conn)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", api_port).start()
             base_url = f"http://127.0.0.1:{api_port}"
-            display.note(f"OTP API on {base_url}, SMTP server on {run.sink.url}")
+            display.note(
+                f"OTP API on {base_url}, SMTP server on {run.sink.url}, "
+                f"feedback receiver on {feedback_url}"
+            )
             await pool.scale_to(settings.min_workers)
             while pool.ready_replicas < settings.min_workers:
                 await asyncio.sleep(0.1)
@@ -336,7 +377,7 @@ async def _run_with_database(
             )
             tasks = [
                 asyncio.create_task(_every(1.0, lambda: run.control(conn, pool, clients))),
-                asyncio.create_task(run.script(conn, pool)),
+                asyncio.create_task(run.script(conn, pool, clients, session)),
             ]
             alerting = run.alerting
             if alerting is not None:

@@ -3,7 +3,8 @@
 `Scenario` is the timeline, pure data: a steady trickle of logins, a burst in which clients
 retry part of their requests with the same Idempotency-Key (as a mobile client does after a
 timeout), a window in which the mail provider fails transiently, one login to an address the
-provider rejects for good, and the moment a worker is killed. A shortened run scales every
+provider rejects for good, the moment a worker is killed, and a login to a mistyped address
+that bounces after it was sent (and is then suppressed). A shortened run scales every
 time on the timeline, so `--quick` exercises the same story in less time.
 
 `LoadClients` plays the callers against the real HTTP API and records, per request, which
@@ -23,6 +24,8 @@ import aiohttp
 
 FULL_DURATION = 60.0
 REJECTED_ADDRESS = "bounce@rejected.example"
+# Accepted by the SMTP server, then reported as a hard bounce (`demo.bounce`).
+BOUNCING_ADDRESS = "mistyped@bounces.example"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class Scenario:
     rejected_at: float = 4.0
     checks_at: float = 2.0
     kill_at: float = 27.0
+    mistyped_at: float = 5.0
+    bounce_at: float = 32.0
     sink_delay_seconds: float = 0.03
 
     @classmethod
@@ -64,6 +69,8 @@ class Scenario:
             rejected_at=full.rejected_at * k,
             checks_at=full.checks_at * k,
             kill_at=full.kill_at * k,
+            mistyped_at=full.mistyped_at * k,
+            bounce_at=full.bounce_at * k,
         )
 
     @property
@@ -137,6 +144,7 @@ class LoadClients:
         specials = [
             (self.scenario.checks_at, self._checks),
             (self.scenario.rejected_at, self._rejected),
+            (self.scenario.mistyped_at, self.mistyped),
         ]
         for n, at in enumerate(self.scenario.arrivals(self.rng)):
             while specials and specials[0][0] <= at:
@@ -213,6 +221,12 @@ class LoadClients:
     async def _rejected(self, session: aiohttp.ClientSession) -> None:
         body = {"email": REJECTED_ADDRESS, "user_id": "user-bounce"}
         await self._accepted(session, f"login-bounce-{self.rng.getrandbits(48):x}", body)
+
+    async def mistyped(self, session: aiohttp.ClientSession) -> None:
+        """A login to the address that bounces later (`demo.bounce`); the demo calls it again
+        after the bounce, when the worker must not send to it."""
+        body = {"email": BOUNCING_ADDRESS, "user_id": "user-mistyped"}
+        await self._accepted(session, f"login-mistyped-{self.rng.getrandbits(48):x}", body)
 
     async def _checks(self, session: aiohttp.ClientSession) -> None:
         body = {"email": "check@example.com", "user_id": "user-check"}

@@ -10,9 +10,9 @@ the worker sanitised and bounded before writing them.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
+from leasebox.inspection.aftermath import after_send, when
 from leasebox.inspection.trace import (
     IN_FLIGHT,
     Attempt,
@@ -24,13 +24,6 @@ from leasebox.inspection.trace import (
 )
 from leasebox.states import Event
 from leasebox.store.history import HistoryEvent
-
-
-def when(moment: datetime | None) -> str:
-    """`2026-12-01T12:00:03Z`, or `?` when unknown."""
-    if moment is None:
-        return "?"
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def duration(seconds: float | None) -> str:
@@ -161,6 +154,10 @@ def attempt_line(attempt: Attempt) -> str:
         )
     elif outcome == Event.DEAD:
         tail = f"dead-lettered at {ended} (reason {attempt.dead_reason}; {_failure(attempt)})"
+    elif outcome == Event.SUPPRESSED:
+        tail = (
+            f"refused by the provider at {ended} as an address it suppresses ({_failure(attempt)})"
+        )
     elif outcome == Event.RELEASED:
         tail = f"released unsent at {ended} (shutdown, or its lease ran out before the send)"
     elif outcome == Event.SUPERSEDED:
@@ -212,6 +209,7 @@ def event_line(event: HistoryEvent) -> str:
         Event.AMBIGUOUS: f"{attempt} by {who}, {_failure(event)}, retry after "
         f"{duration(event.retry_delay_seconds)}",
         Event.DEAD: f"{attempt} by {who}, reason {event.dead_reason}, {_failure(event)}",
+        Event.SUPPRESSED: f"{attempt} by {who}, {_suppressed(event)}",
         Event.RELEASED: f"{attempt} by {who}, given back unsent",
         Event.LEASE_EXPIRED: f"{attempt} held by {who}, ran out at "
         f"{when(event.lease_expires_at)}"
@@ -228,6 +226,12 @@ def event_line(event: HistoryEvent) -> str:
         + (f"{attempt} by {who}, before the wire" if event.lease_token else "while pending"),
     }
     return f"{when(event.at)}  {what:<13}  {details.get(Event(what), '')}".rstrip()
+
+
+def _suppressed(event: HistoryEvent) -> str:
+    if event.lease_token is None:
+        return f"not sent: the address is on the suppression list ({event.error})"
+    return f"refused by the provider as an address it suppresses ({_failure(event)})"
 
 
 def chronicle(send: SendStory) -> str:
@@ -262,6 +266,8 @@ def chronicle(send: SendStory) -> str:
             )
         elif what == Event.DEAD:
             phrases.append(f"dead-lettered by {who} ({event.dead_reason})")
+        elif what == Event.SUPPRESSED:
+            phrases.append(f"{_suppressed(event)} ({who})")
         elif what == Event.RELEASED:
             phrases.append(f"released unsent by {who}")
         elif what == Event.LEASE_EXPIRED:
@@ -320,6 +326,7 @@ def render_text(trace: Trace) -> str:
             + (f", sent at {when(send.sent_at)}" if send.sent_at else ""),
             f"  requests: {requests_line(send)}",
             f"  what happened: {chronicle(send)}",
+            *([f"  after the send: {after}"] if (after := after_send(send)) else []),
             f"  ownership: {ownership_answer(send)}",
             f"  copies: {copies_answer(send)}",
             "  attempts:" if send.attempts else "  attempts: none recorded",
@@ -385,6 +392,26 @@ def send_dict(send: SendStory) -> dict[str, Any]:
         },
         "attempts": [attempt_dict(a) for a in send.attempts],
         "timeline": [event_dict(e) for e in send.events],
+        "after_send": after_send(send),
+        "feedback": [
+            {
+                "provider": f.provider,
+                "event": f.event,
+                "bounce_class": f.bounce_class,
+                "smtp_status": f.smtp_status,
+                "detail": f.detail,
+                "at": when(f.occurred_at),
+            }
+            for f in send.feedback
+        ],
+        "suppression": None
+        if send.suppression is None
+        else {
+            "reason": send.suppression.reason,
+            "detail": send.suppression.detail,
+            "since": when(send.suppression.created_at),
+            "until": when(send.suppression.expires_at) if send.suppression.expires_at else None,
+        },
     }
 
 

@@ -19,9 +19,11 @@ from enum import StrEnum
 from leasebox.delivery.providers.base import key_digest, recipient_domain
 from leasebox.states import DeadReason, Event
 from leasebox.store.history import (
+    FeedbackRecord,
     HistoryEvent,
     ReceiptRecord,
     Selector,
+    SuppressionRecord,
     TracedRow,
     TraceRecords,
 )
@@ -35,6 +37,7 @@ ENDINGS = frozenset(
         Event.RETRY,
         Event.AMBIGUOUS,
         Event.DEAD,
+        Event.SUPPRESSED,
         Event.RELEASED,
         Event.LEASE_EXPIRED,
         Event.SUPERSEDED,
@@ -156,6 +159,10 @@ class SendStory:
     replacement_key: str | None = None
     superseded_by: int | None = None
     """The newer message of its replacement key that replaced it (status `superseded`)."""
+    # After the send: what the service reported (in the service's order of time), and the
+    # suppression-list entry in force for the mailbox.
+    feedback: tuple[FeedbackRecord, ...] = ()
+    suppression: SuppressionRecord | None = None
 
     @property
     def requests(self) -> int:
@@ -197,6 +204,8 @@ def build_trace(
             [r for r in records.receipts if r.outbox_id == row.id],
             [e for e in records.events if e.outbox_id == row.id],
             show_recipient=show_recipients,
+            feedback=[f for f in records.feedback if f.outbox_id == row.id],
+            suppression=next((s for s in records.suppressions if s.outbox_id == row.id), None),
         )
         for row in records.rows
     )
@@ -219,6 +228,8 @@ def build_story(
     events: Sequence[HistoryEvent],
     *,
     show_recipient: bool = False,
+    feedback: Sequence[FeedbackRecord] = (),
+    suppression: SuppressionRecord | None = None,
 ) -> SendStory:
     """One row's story: its requests, its attempts, who owned them, the copies accepted."""
     ordered = tuple(sorted(events, key=lambda e: e.id))
@@ -251,6 +262,8 @@ def build_story(
         copies=count_copies(attempts),
         replacement_key=row.replacement_key,
         superseded_by=row.superseded_by,
+        feedback=tuple(feedback),
+        suppression=suppression,
     )
 
 
@@ -268,6 +281,8 @@ def pair_attempts(events: Iterable[HistoryEvent], row: TracedRow) -> tuple[Attem
             continue
         if event.event == Event.SUPERSEDED and event.lease_token is None:
             continue  # replaced while pending: no attempt
+        if event.event == Event.SUPPRESSED and event.lease_token is None:
+            continue  # suppressed when claimed: no lease was taken, no attempt made
         token = str(event.lease_token) if event.lease_token is not None else None
         index = by_token.get(token) if token is not None else None
         if event.event == Event.CLAIMED or index is None:

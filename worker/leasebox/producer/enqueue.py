@@ -22,7 +22,12 @@ from psycopg.types.json import Jsonb
 
 from leasebox.catalogue import Catalogue, default_catalogue
 from leasebox.db.queries import DEFAULT_SCHEMA
-from leasebox.errors import AlreadyExpired, DatabaseError, IdempotencyConflict
+from leasebox.errors import (
+    AlreadyExpired,
+    DatabaseError,
+    IdempotencyConflict,
+    RecipientSuppressed,
+)
 from leasebox.messages import (
     DEFAULT_RECEIPT_TTL_SECONDS,
     OutboxMessage,
@@ -32,6 +37,7 @@ from leasebox.messages import (
 from leasebox.producer.guard import AbuseGuard, check_guard
 from leasebox.producer.payload_crypto import PayloadCipher, default_cipher
 from leasebox.producer.plan import Plan, Step, carried_trace_context, one, run, run_async
+from leasebox.producer.recipients import RecipientPolicy
 
 __all__ = ["DEFAULT_RECEIPT_TTL_SECONDS", "enqueue", "enqueue_async"]
 
@@ -45,6 +51,7 @@ def _plan(
     receipt_ttl_seconds: float,
     cipher: PayloadCipher,
     catalogue: Catalogue | None,
+    check_suppression: bool = False,
 ) -> Plan[Receipt]:
     # Before any statement: a key the database would refuse would abort the caller's whole
     # transaction from inside it.
@@ -109,6 +116,22 @@ def _plan(
             locks = []
         if not reuses_row:
             yield from check_guard(guard, message.recipient_key, scope_name)
+
+    if check_suppression:
+        # Under the key's lock (taken with it, in one round trip): a listed mailbox is refused
+        # before anything is written, and a retried request of it is refused too.
+        found = yield Step(
+            (
+                *locks,
+                (
+                    "find_suppression",
+                    {"scope": scope_name, "recipient_key": message.recipient_key, "now": None},
+                ),
+            )
+        )
+        locks = []
+        if found is not None:
+            raise RecipientSuppressed(found["reason"], found["expires_at"])
 
     # The key is stored with the row, so every worker retry reuses it; a retried API request
     # reuses it through the receipt. It never contains the recipient or a secret.
@@ -185,6 +208,7 @@ def plan_enqueue(
     receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL_SECONDS,
     cipher: PayloadCipher | None = None,
     catalogue: Catalogue | None = None,
+    check_suppression: bool = False,
 ) -> Plan[Receipt]:
     """The statements of one `enqueue`, for a runner over another driver (the ORM adapters).
 
@@ -200,6 +224,7 @@ def plan_enqueue(
         receipt_ttl_seconds,
         cipher or default_cipher(),
         catalogue,
+        check_suppression,
     )
 
 
@@ -223,6 +248,8 @@ def enqueue(
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
     catalogue: Catalogue | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
     """Write `message` to the outbox in the caller's open transaction; never commits.
 
@@ -231,7 +258,13 @@ def enqueue(
     `request_hash` overrides the default fingerprint (e.g. a hash of the HTTP body). A kind,
     template or required variable the `catalogue` (default: the process-wide one) does not
     know is an `InvalidMessage`, before any SQL.
+    `check_suppression` refuses a mailbox on the scope's suppression list with
+    `RecipientSuppressed` (one more statement, in the same round trip as the key's lock);
+    `policy` refuses an address the domain policy rejects with `RecipientRefused`, before
+    any SQL. Either way nothing is written.
     """
+    if policy is not None:
+        policy.check(message.recipient)
     plan = _plan(
         message,
         idempotency_key,
@@ -241,6 +274,7 @@ def enqueue(
         receipt_ttl_seconds,
         cipher or default_cipher(),
         catalogue,
+        check_suppression,
     )
     return run(conn, plan, schema)
 
@@ -257,8 +291,13 @@ async def enqueue_async(
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
     catalogue: Catalogue | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
-    """`enqueue` for an async connection; the same semantics."""
+    """`enqueue` for an async connection; the same semantics (the policy's MX lookup, if it
+    makes one, does not block the event loop)."""
+    if policy is not None:
+        await policy.check_async(message.recipient)
     plan = _plan(
         message,
         idempotency_key,
@@ -268,5 +307,6 @@ async def enqueue_async(
         receipt_ttl_seconds,
         cipher or default_cipher(),
         catalogue,
+        check_suppression,
     )
     return await run_async(conn, plan, schema)

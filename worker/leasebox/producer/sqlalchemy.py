@@ -32,6 +32,7 @@ from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.producer.plan import Row
 from leasebox.producer.portable import drive, drive_async, named_binds
+from leasebox.producer.recipients import RecipientPolicy
 
 SyncTarget = Session | Connection
 AsyncTarget = AsyncSession | AsyncConnection
@@ -115,12 +116,16 @@ def enqueue(
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
     catalogue: Catalogue | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
     """`leasebox.enqueue` on a SQLAlchemy `Session` or `Connection`; never commits.
 
     The row is written on the session's connection inside its current transaction (begun
     now if none is), so it commits and rolls back with the caller's change.
     """
+    if policy is not None:
+        policy.check(message.recipient)
     conn = _connection(session)
     plan = plan_enqueue(
         message,
@@ -131,6 +136,7 @@ def enqueue(
         receipt_ttl_seconds=receipt_ttl_seconds,
         cipher=cipher,
         catalogue=catalogue,
+        check_suppression=check_suppression,
     )
 
     def execute(name: str, params: dict[str, Any]) -> Row:
@@ -151,8 +157,12 @@ async def enqueue_async(
     schema: str = DEFAULT_SCHEMA,
     cipher: PayloadCipher | None = None,
     catalogue: Catalogue | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
 ) -> Receipt:
     """`enqueue` on an `AsyncSession` or `AsyncConnection`; the same semantics."""
+    if policy is not None:
+        await policy.check_async(message.recipient)
     conn = await _async_connection(session)
     plan = plan_enqueue(
         message,
@@ -163,6 +173,7 @@ async def enqueue_async(
         receipt_ttl_seconds=receipt_ttl_seconds,
         cipher=cipher,
         catalogue=catalogue,
+        check_suppression=check_suppression,
     )
 
     async def execute(name: str, params: dict[str, Any]) -> Row:

@@ -2,9 +2,9 @@
 
 A send's outcome is queued here and the send's slot is free at once; one flusher task takes
 everything queued, writes it with at most one statement per outcome type (`mark_sent`,
-`schedule_retry`, `mark_dead`, `release_leases`, `mark_superseded`), and while that
-statement runs the next batch accumulates. Under load a statement settles dozens of rows;
-when idle it settles one with no added delay.
+`schedule_retry`, `mark_dead`, `mark_suppressed`, `release_leases`, `mark_superseded`), and
+while that statement runs the next batch accumulates. Under load a statement settles dozens
+of rows; when idle it settles one with no added delay.
 
 Between the two, a provider that takes a few milliseconds per message (SMTP, a mail API)
 finishes its sends one by one, so each statement would settle one or two rows, and the
@@ -49,7 +49,15 @@ from leasebox.runtime.logs import message_fields
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.store import settling
 from leasebox.store.claiming import ClaimedMessage, Connection, LeaseRef
-from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement, Superseded
+from leasebox.store.settling import (
+    Dead,
+    Release,
+    Retry,
+    Sent,
+    Settlement,
+    Superseded,
+    Suppressed,
+)
 
 log = logging.getLogger("leasebox.worker")
 
@@ -59,7 +67,7 @@ _RETRY_MAX = 5.0
 # below what size it waits.
 LINGER_SECONDS = 0.01
 LINGER_BELOW = 32
-_A = TypeVar("_A", Sent, Retry, Dead, Release, Superseded)
+_A = TypeVar("_A", Sent, Retry, Dead, Suppressed, Release, Superseded)
 UNSTORABLE_ERROR = "the failure's description could not be stored"
 
 
@@ -108,6 +116,14 @@ async def _write_dead(
     return dict.fromkeys(await settling.mark_dead(conn, dead, schema=schema, now=now, worker_id=me))
 
 
+async def _write_suppressed(
+    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+) -> _Matched:
+    suppressed = _actions(outcomes, Suppressed)
+    ids = await settling.mark_suppressed(conn, suppressed, schema=schema, now=now, worker_id=me)
+    return dict.fromkeys(ids)
+
+
 async def _write_releases(
     conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
@@ -129,6 +145,7 @@ _WRITERS: dict[type[Settlement], _Writer] = {
     Sent: _write_sent,
     Retry: _write_retries,
     Dead: _write_dead,
+    Suppressed: _write_suppressed,
     Release: _write_releases,
     Superseded: _write_superseded,
 }
@@ -407,6 +424,14 @@ class CompletionBatcher:
             },
         )
 
+    def _suppressed(self, message: ClaimedMessage, action: Suppressed, _: float | None) -> None:
+        self._metrics.suppressed_rows([message.kind], action.error_class)
+        log.warning(
+            "suppressed: the provider refuses the address (%s)",
+            action.error_class,
+            extra={**message_fields(message), "error_class": action.error_class},
+        )
+
     def _released(self, message: ClaimedMessage, _: Release, __: float | None) -> None:
         log.debug("lease released unsent", extra=message_fields(message))
 
@@ -421,7 +446,13 @@ class CompletionBatcher:
     # What is counted and logged once a row's outcome is in the database, per outcome type.
     _RECORDED: dict[
         type[Settlement], Callable[[CompletionBatcher, ClaimedMessage, Any, float | None], None]
-    ] = {Retry: _retried, Dead: _dead, Release: _released, Superseded: _superseded}
+    ] = {
+        Retry: _retried,
+        Dead: _dead,
+        Suppressed: _suppressed,
+        Release: _released,
+        Superseded: _superseded,
+    }
 
     def _lost(self, outcome: Outcome, what: str) -> None:
         self._metrics.kind(outcome.message.kind).lease_lost.inc()
@@ -444,4 +475,9 @@ def _without_provider_text(outcome: Outcome) -> Outcome:
         )
     if isinstance(action, Dead):
         return Outcome(outcome.message, Dead(action.lease, action.reason, UNSTORABLE_ERROR, None))
+    if isinstance(action, Suppressed):
+        return Outcome(
+            outcome.message,
+            Suppressed(action.lease, UNSTORABLE_ERROR, action.error_class, action.expiry_seconds),
+        )
     return outcome

@@ -51,6 +51,7 @@ METRIC_NAMES = (
     "leasebox_retries_total",
     "leasebox_dead_letters_total",
     "leasebox_superseded_total",
+    "leasebox_suppressed_total",
     "leasebox_lease_lost_total",
     "leasebox_leases_reclaimed_total",
     "leasebox_send_duration_seconds",
@@ -65,6 +66,8 @@ METRIC_NAMES = (
 # Why a worker may be not ready on its own account (the `cause` label of `leasebox_not_ready`):
 # its provider has not started yet, or messages have encrypted secrets and it has no keys.
 NOT_READY_CAUSES = ("provider_start", "payload_keys")
+# The `source` of a message suppressed when claimed (the provider's code when it refused it).
+SUPPRESSION_LIST = "suppression_list"
 # The `outcome` label of the provider metrics (`delivery.providers.base.Outcome`), listed here
 # so that this module needs nothing from delivery.
 PROVIDER_OUTCOMES = (
@@ -144,6 +147,14 @@ class WorkerMetrics:
             "Claimed messages that a newer message of their replacement key replaced before "
             "they reached the wire (ended superseded, not sent).",
             ["kind"],
+            registry=r,
+        )
+        self.suppressed = Counter(
+            "leasebox_suppressed_total",
+            "Messages not sent because their address is suppressed: found on the suppression "
+            "list when claimed (source suppression_list) or refused by the provider as one it "
+            "suppresses (source: the provider's code).",
+            ["kind", "source"],
             registry=r,
         )
         self.lease_lost = Counter(
@@ -241,6 +252,7 @@ class WorkerMetrics:
             self.superseded.labels(kind)
             for reason in DeadReason:
                 self.dead_letters.labels(kind, reason)
+            self.suppressed.labels(kind, SUPPRESSION_LIST)
 
     def start_provider(self, provider: str, idempotent: str) -> None:
         """Describe the provider and create its outcome series at zero."""
@@ -268,6 +280,11 @@ class WorkerMetrics:
         """Count the rows of one claim, by kind (one `inc` per kind)."""
         for kind, n in Tally(kinds).items():
             self.kind(kind).claimed.inc(n)
+
+    def suppressed_rows(self, kinds: Iterable[str], source: str = SUPPRESSION_LIST) -> None:
+        """Count messages that ended `suppressed`, by kind (one `inc` per kind)."""
+        for kind, n in Tally(kinds).items():
+            self.suppressed.labels(kind, source).inc(n)
 
     def record_send(self, kind: str, provider: str, outcome: str | None, seconds: float) -> None:
         """Queue one send's time: `send_duration` always, and the provider request (counted

@@ -6,9 +6,11 @@ a batch in one committed statement and hands the rows to `concurrency` sender ta
 does not count, up to a batch of them: the next batch is claimed while the last is settled.
 When a claim comes back short, the queue is drained, and the claimer waits for a NOTIFY or
 the poll interval. Senders render, send, and hand the outcome to the `CompletionBatcher`,
-which settles rows in batches conditional on their lease tokens. Beside them run a lease keeper
-(extends leases past half their time), a sweeper (reclaims other workers' expired leases,
-dead-letters expired OTPs) and a NOTIFY listener.
+which settles rows in batches conditional on their lease tokens. A claim settles the rows
+whose address is on the suppression list itself (`suppressed`, counted here); a provider
+that refuses an address as one it suppresses ends the message `suppressed` too. Beside them
+run a lease keeper (extends leases past half their time), a sweeper (reclaims other workers'
+expired leases, dead-letters expired OTPs) and a NOTIFY listener.
 
 Stopping (SIGTERM): the claimer stops; rows still queued are released at once for other
 workers; running sends get `grace_seconds` to finish, after which they are cancelled and
@@ -69,8 +71,17 @@ from leasebox.runtime.settings import AGED_SHARE, WorkerSettings
 from leasebox.runtime.tracing import DeliveryTracing
 from leasebox.states import DeadReason
 from leasebox.store import claiming
-from leasebox.store.claiming import ClaimedMessage, Cursor
-from leasebox.store.settling import Dead, Release, Retry, Sent, Settlement, Superseded
+from leasebox.store.claiming import Claimed, ClaimedMessage, Cursor
+from leasebox.store.settling import (
+    Dead,
+    Release,
+    Retry,
+    Sent,
+    Settlement,
+    Superseded,
+    Suppressed,
+)
+from leasebox.store.suppressions import SuppressionRules
 
 log = logging.getLogger("leasebox.worker")
 
@@ -78,6 +89,7 @@ _DB_RETRY_MAX = 5.0
 # The `leasebox_not_ready` cause of a worker that met encrypted secrets without keys.
 KEYS = "payload_keys"
 _KIND = attrgetter("kind")
+_INDEX_ORDER = attrgetter("available_at", "id")
 # A claim that reads on from a cursor misses a row committed late by a transaction that began
 # before the rows the cursor passed, so now and then one reads from the start: after this many
 # claims, and no sooner than `RESCAN_SECONDS` (or the poll interval, if shorter) after the
@@ -419,13 +431,15 @@ class Worker:
             if failures:
                 log.info("database reachable again", extra={"worker_id": s.worker_id})
                 failures = 0
-            swept = swept and not claimed
+            swept = swept and not claimed.chosen
             self.database_problem = None
-            backlog = len(claimed) == min(room, s.batch_size)
+            backlog = claimed.chosen == min(room, s.batch_size)
             if backlog:
                 continue
             if s.drain:
                 if not self._held and not claimed:
+                    if claimed.suppressed:
+                        continue  # it took rows, and settled them: there may be more
                     if swept:
                         log.info("drained: nothing is ready", extra={"worker_id": s.worker_id})
                         return
@@ -444,7 +458,7 @@ class Worker:
                 continue
             await self._until(self._wake, s.poll_interval)
 
-    async def _claim(self, limit: int) -> list[ClaimedMessage]:
+    async def _claim(self, limit: int) -> Claimed:
         s = self.settings
         started = time.monotonic()
         # While full batches come back, each claim reads on from where the last one ended;
@@ -481,7 +495,11 @@ class Worker:
         if tracing is not None and rows:
             tracing.claimed(rows, claim_started, time.time_ns())
         self.rounds["claim"] += 1
-        self._move_cursors(rows, full=len(rows) == limit, rescanned=after is None)
+        chosen: list[ClaimedMessage] = rows
+        if rows.suppressed:
+            self._suppressed_at_claim(rows.suppressed)
+            chosen = sorted([*rows, *rows.suppressed], key=_INDEX_ORDER)
+        self._move_cursors(chosen, full=rows.chosen == limit, rescanned=after is None)
         if self._prioritised:
             # Senders take the urgent kinds first (a stable sort keeps each kind's order).
             rows.sort(key=lambda message: -self._priority[message.kind])
@@ -492,6 +510,16 @@ class Worker:
             self._ready.add(helds)
             self.metrics.claimed_rows(map(_KIND, rows))
         return rows
+
+    def _suppressed_at_claim(self, rows: list[ClaimedMessage]) -> None:
+        """Count and log the messages the claim found suppressed (it settled them already)."""
+        self.metrics.suppressed_rows(map(_KIND, rows))
+        for message in rows:
+            log.info(
+                "suppressed: the address is on the suppression list (%s)",
+                message.suppression,
+                extra=message_fields(message),
+            )
 
     def _move_cursors(self, rows: list[ClaimedMessage], *, full: bool, rescanned: bool) -> None:
         """Remember where each kind's claim ended, or forget it when the claim came back short
@@ -747,8 +775,11 @@ class Worker:
     def _failed(self, held: Held, failure: Failure) -> None:
         message = held.message
         limit = message.max_attempts or self.settings.max_attempts
-        action: Retry | Dead
-        if should_retry(failure, message.attempts, limit):
+        action: Retry | Dead | Suppressed
+        if failure.suppressed_by_provider:
+            expiry = SuppressionRules().provider_seconds
+            action = Suppressed(held.lease, failure.detail, failure.code, expiry)
+        elif should_retry(failure, message.attempts, limit):
             delay = retry_delay(
                 failure,
                 message.attempts,

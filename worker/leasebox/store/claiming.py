@@ -6,11 +6,12 @@ higher priority first, with a share for rows past their kind's SLA), marks them
 `processing` with a fresh lease token and counts the attempt, and commits before the caller
 sends anything, so no lock outlives the statement. The token is what every later statement
 about the row must match (`settling`), so a worker that lost its lease can no longer touch
-the row. The statement also writes each claim to the attempt history (`claimed`: the
-attempt, the token, the worker, when the lease runs out), at no extra round trip, and reads
-each message's content from the outbox, unless the caller's provider reads none
-(`content=False`: recipient, template, data, secrets and the enqueuing request's trace
-context then come back empty).
+the row. A row whose mailbox its scope must not mail (the suppression list) is not leased:
+the same statement settles it `suppressed`. The statement also writes each claim to the
+attempt history (`claimed`: the attempt, the token, the worker, when the lease runs out), at
+no extra round trip, and reads each message's content from the outbox, unless the caller's
+provider reads none (`content=False`: recipient, template, data, secrets and the enqueuing
+request's trace context then come back empty).
 
 `now` is None in production (the database's clock, shared by all workers); tests pass a
 datetime to move time without sleeping.
@@ -63,6 +64,9 @@ class ClaimedMessage(NamedTuple):
     replacement_key: str | None = None
     # The enqueuing request's trace context (a W3C carrier), read with the content only.
     trace_context: Mapping[str, Any] | None = None
+    # Set on a row the claim found suppressed (the entry's reason): it holds no lease and has
+    # left the queue; the claim's `suppressed` list carries these.
+    suppression: str | None = None
 
     @property
     def lease(self) -> LeaseRef:
@@ -76,7 +80,8 @@ class ClaimedMessage(NamedTuple):
             f"max_attempts={self.max_attempts!r}, expires_at={self.expires_at!r}, "
             f"lease_token={self.lease_token!r}, lease_expires_at={self.lease_expires_at!r}, "
             f"created_at={self.created_at!r}, claimed_at={self.claimed_at!r}, "
-            f"available_at={self.available_at!r}, replacement_key={self.replacement_key!r})"
+            f"available_at={self.available_at!r}, replacement_key={self.replacement_key!r}, "
+            f"suppression={self.suppression!r})"
         )
 
 
@@ -94,6 +99,27 @@ def _claimed_rows(cursor: Any) -> Callable[[Sequence[Any]], ClaimedMessage]:
         return ClaimedMessage._make
     names = tuple(column.name for column in cursor.description or ())
     return lambda values: ClaimedMessage(**dict(zip(names, values, strict=True)))
+
+
+class Claimed(list[ClaimedMessage]):
+    """The rows a claim leased, in the order they were chosen; `suppressed` are the rows it
+    chose and found suppressed instead (settled already, no lease, their `suppression` set)."""
+
+    suppressed: list[ClaimedMessage]
+
+    def __init__(self, rows: list[ClaimedMessage]) -> None:
+        # The suppressed rows come last (the statement sorts them there): most claims have
+        # none, which the last row tells at once.
+        split = len(rows)
+        while split and rows[split - 1].suppression is not None:
+            split -= 1
+        super().__init__(rows[:split] if split < len(rows) else rows)
+        self.suppressed = rows[split:]
+
+    @property
+    def chosen(self) -> int:
+        """How many ready rows the claim took, leased or suppressed."""
+        return len(self) + len(self.suppressed)
 
 
 class Cursor(NamedTuple):
@@ -142,7 +168,7 @@ async def claim(
     priorities: Mapping[str, int] | None = None,
     aging: Mapping[str, float] | None = None,
     aged_limit: int = 0,
-) -> list[ClaimedMessage]:
+) -> Claimed:
     """Lease up to `limit` ready rows of `kinds`, oldest availability first, with their
     content unless `content` is False; a kind in `after` is read from past its cursor on.
 
@@ -150,9 +176,11 @@ async def claim(
     to `aged_limit` rows that have waited, since their creation, longer than their kind's
     `aging` seconds go before them all (the caller gives that share to keep lower priorities
     from starving). The rows come back in the order of the ready index, whatever was chosen.
+    A row whose mailbox is on its scope's suppression list is settled `suppressed` instead
+    and returned in `suppressed`.
     """
     if limit <= 0:
-        return []
+        return Claimed([])
     cursors = [(after or {}).get(kind) for kind in kinds]
     params = {
         "kinds": list(kinds),
@@ -170,7 +198,7 @@ async def claim(
     statement = query_bytes("claim" if content else "claim_without_content", schema)
     async with conn.cursor(row_factory=_claimed_rows, binary=True) as cur:
         await cur.execute(statement, params)
-        return await cur.fetchall()
+        return Claimed(await cur.fetchall())
 
 
 async def extend_leases(

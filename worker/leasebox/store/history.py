@@ -3,7 +3,9 @@
 When a login code arrives twice, the status code says little; what matters is whether the
 API created one logical send or two, and whether one worker owned each attempt or several
 raced it. The answers are in three tables: the outbox row (the logical send), the receipts
-(which requests mapped onto it) and the history (one row per claim and per ending). This
+(which requests mapped onto it) and the history (one row per claim and per ending); and what
+happened after the send in two more: the provider's events about it and the suppression-list
+entry of its mailbox. This
 module reads them, for a selector a person types, on the caller's connection and without
 writing anything; `leasebox.inspection` turns what it reads into plain words.
 
@@ -136,12 +138,38 @@ class HistoryEvent:
 
 
 @dataclass(frozen=True)
+class FeedbackRecord:
+    """An event a mail service reported after it accepted the message (`events` table)."""
+
+    outbox_id: int
+    provider: str
+    event: str
+    bounce_class: str | None
+    smtp_status: str | None
+    detail: str | None
+    occurred_at: datetime
+
+
+@dataclass(frozen=True)
+class SuppressionRecord:
+    """The suppression-list entry in force for a message's mailbox in its scope."""
+
+    outbox_id: int
+    reason: str
+    detail: str | None
+    created_at: datetime
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
 class TraceRecords:
     """What the database holds about the selected sends, newest send first for aggregates."""
 
     rows: tuple[TracedRow, ...]
     receipts: tuple[ReceiptRecord, ...]
     events: tuple[HistoryEvent, ...]
+    feedback: tuple[FeedbackRecord, ...] = ()
+    suppressions: tuple[SuppressionRecord, ...] = ()
 
 
 def check_history(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> None:
@@ -204,7 +232,15 @@ def read_trace(
         return TraceRecords((), (), ())
     receipts = fetch_receipts(conn, ids, schema=schema)
     events = fetch_history(conn, ids, schema=schema)
-    return TraceRecords(tuple(rows), tuple(receipts), tuple(events))
+    params = {"outbox_ids": ids}
+    with conn.cursor(row_factory=class_row(FeedbackRecord)) as cur:
+        feedback = cur.execute(query("trace_feedback", schema, TRACE_SQL), params).fetchall()
+    with conn.cursor(row_factory=class_row(SuppressionRecord)) as cur:
+        statement = query("trace_suppressions", schema, TRACE_SQL)
+        suppressions = cur.execute(statement, params).fetchall()
+    return TraceRecords(
+        tuple(rows), tuple(receipts), tuple(events), tuple(feedback), tuple(suppressions)
+    )
 
 
 async def read_traces_async(
@@ -224,4 +260,12 @@ async def read_traces_async(
     async with conn.cursor(row_factory=class_row(HistoryEvent)) as cur:
         await cur.execute(query("trace_history", schema, TRACE_SQL), params)
         events = await cur.fetchall()
-    return TraceRecords(tuple(rows), tuple(receipts), tuple(events))
+    async with conn.cursor(row_factory=class_row(FeedbackRecord)) as cur:
+        await cur.execute(query("trace_feedback", schema, TRACE_SQL), params)
+        feedback = await cur.fetchall()
+    async with conn.cursor(row_factory=class_row(SuppressionRecord)) as cur:
+        await cur.execute(query("trace_suppressions", schema, TRACE_SQL), params)
+        suppressions = await cur.fetchall()
+    return TraceRecords(
+        tuple(rows), tuple(receipts), tuple(events), tuple(feedback), tuple(suppressions)
+    )

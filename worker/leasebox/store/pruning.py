@@ -20,6 +20,9 @@ nothing happened to it for a retention. Rows of days that never had a partition 
 default partition: the partition maintenance that runs first gives each such day its
 partition, so they go too.
 
+The provider events received before the same day go too, deleted in batches (with the hourly
+counts, which the reputation rates read for a week).
+
 A retention shorter than the producers' receipt TTL is refused unless the caller says it
 knows: a request retried after its message was dropped is a new request, and sends again.
 """
@@ -49,18 +52,22 @@ from leasebox.db.queries import DEFAULT_SCHEMA, query
 from leasebox.errors import ConfigurationError, DatabaseError
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS
 
+EVENT_BATCH = 10_000
+
 
 @dataclass(frozen=True)
 class PruneResult:
     """What one `prune` removed: sent messages and receipts, and the partitions dropped;
     `kept` counts the messages of those days moved to the kept partition, still wanted.
-    `problem` is what the partition upkeep that runs first could not do (None: all of it)."""
+    `problem` is what the partition upkeep that runs first could not do (None: all of it);
+    `events` counts the provider events deleted."""
 
     sent: int
     receipts: int
     partitions: tuple[str, ...] = ()
     kept: int = 0
     problem: str | None = None
+    events: int = 0
 
 
 def prune(
@@ -143,7 +150,26 @@ def _prune(conn: psycopg.Connection[Any], retention_seconds: float, schema: str)
     # Another prune may have dropped some of them meanwhile: only what this one drops counts.
     sent = sum(counted["outbox"].get(p.name, 0) for p in old["outbox"]) - kept + forgotten
     receipts = sum(counted["receipts"].get(p.name, 0) for p in old["receipts"])
-    return PruneResult(max(sent, 0), receipts, tuple(sorted(p.name for p in dropped)), kept)
+    events = _forget_events(conn, schema, cutoff)
+    return PruneResult(
+        max(sent, 0), receipts, tuple(sorted(p.name for p in dropped)), kept, events=events
+    )
+
+
+def _forget_events(conn: psycopg.Connection[Any], schema: str, cutoff: date) -> int:
+    """Delete the provider events received before `cutoff`, a batch per transaction (they
+    are not partitioned: a day of them is a small share of a day of messages), and the
+    hourly counts older than it and than the week the reputation rates read."""
+    deleted = 0
+    while True:
+        with conn.transaction():
+            row = conn.execute(
+                query("prune_events", schema), {"before": cutoff, "limit": EVENT_BATCH}
+            ).fetchone()
+        batch = int(row[0]) if row else 0
+        deleted += batch
+        if batch < EVENT_BATCH:
+            return deleted
 
 
 def _days(conn: psycopg.Connection[Any], retention_seconds: float) -> tuple[date, date, datetime]:

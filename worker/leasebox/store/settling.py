@@ -1,5 +1,5 @@
-"""Settling claimed rows while the lease holds: sent, retry later, dead, released unsent, or
-superseded by a newer message of their replacement key.
+"""Settling claimed rows while the lease holds: sent, retry later, dead, suppressed, released
+unsent, or superseded by a newer message of their replacement key.
 
 Each statement takes many rows at once (the runtime batches outcomes) and matches each queue
 row on its lease token and `status = 'processing'`. It returns the ids that matched; an id
@@ -9,9 +9,9 @@ sent message leaves the queue: its `sent` history row is the record of the send,
 a superseded one, with its `superseded` row.
 
 The same statement writes the attempt history: one row per settled row (`sent`, `retry` or
-`ambiguous`, `dead`, `released`), and a `lease_lost` row, in the name of `worker_id`, for
-each row whose lease the caller no longer held, with what it learnt (the provider's id of a
-second copy the provider took, or the error). No extra round trip.
+`ambiguous`, `dead`, `suppressed`, `released`, `superseded`), and a `lease_lost` row, in the
+name of `worker_id`, for each row whose lease the caller no longer held, with what it learnt
+(the provider's id of a second copy the provider took, or the error). No extra round trip.
 
 `now` is None in production (the database's clock); tests pass a datetime.
 """
@@ -52,6 +52,16 @@ class Dead(NamedTuple):
     error_class: str | None
 
 
+class Suppressed(NamedTuple):
+    """The provider refused the address as one it suppresses: not sent, for good, and the
+    mailbox goes on its scope's suppression list for `expiry_seconds`."""
+
+    lease: LeaseRef
+    error: str
+    error_class: str
+    expiry_seconds: float
+
+
 class Release(NamedTuple):
     """Not sent (shutdown, or the lease ran out before the send began): ready again at once,
     with the claim's attempt given back."""
@@ -67,7 +77,7 @@ class Superseded(NamedTuple):
     newer: int
 
 
-Settlement = Sent | Retry | Dead | Release | Superseded
+Settlement = Sent | Retry | Dead | Suppressed | Release | Superseded
 
 
 async def mark_sent(
@@ -135,6 +145,29 @@ async def mark_dead(
         "worker_id": worker_id,
     }
     return await _ids(conn, "mark_dead", schema, params)
+
+
+async def mark_suppressed(
+    conn: Connection,
+    items: Sequence[Suppressed],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+    worker_id: str | None = None,
+) -> set[int]:
+    """Settle rows as suppressed and list their mailboxes; returns the ids still owned."""
+    if not items:
+        return set()
+    params = {
+        **lease_keys(item.lease for item in items),
+        "errors": [item.error for item in items],
+        "error_classes": [item.error_class for item in items],
+        # One statement, one expiry: the longest asked for (they all come from one setting).
+        "expiry_seconds": max(item.expiry_seconds for item in items),
+        "now": now,
+        "worker_id": worker_id,
+    }
+    return await _ids(conn, "mark_suppressed", schema, params)
 
 
 async def release_leases(

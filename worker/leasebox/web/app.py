@@ -22,7 +22,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from psycopg_pool import ConnectionPool
 
 from leasebox.errors import ConfigurationError
-from leasebox.inspection.narrative import duration, when
+from leasebox.inspection.aftermath import when
+from leasebox.inspection.narrative import duration
 from leasebox.web import actions, reading
 from leasebox.web.auth import (
     CSRF_COOKIE,

@@ -389,16 +389,20 @@ SELECT DISTINCT kind FROM {schema}.queue ORDER BY kind;
 -- higher `priority` first, oldest availability first within a priority, except that up to
 -- `aged_limit` rows that have waited longer than their kind's `aging` seconds (its SLA, from
 -- creation) come before everything (the oldest first): a lower priority never starves.
+-- A chosen row whose address its scope must not mail (`barred`: an unexpired entry of the
+-- suppression list) is not leased: it leaves the queue as `suppressed`, no attempt spent,
+-- with its history row (`suppressed`, the entry's reason in `error`). The list is read only
+-- while it holds an entry at all, so an empty list costs the claim nothing.
 WITH candidates AS (
-    SELECT r.id
+    SELECT r.id, r.bucket
     FROM (
-        SELECT c.id, c.available_at, k.priority, c.aged,
+        SELECT c.id, c.bucket, c.available_at, k.priority, c.aged,
                row_number() OVER (PARTITION BY c.aged ORDER BY c.available_at, c.id) AS nth
         FROM unnest(%(kinds)s::text[], %(after_at)s::timestamptz[], %(after_id)s::bigint[],
                     %(priorities)s::int[], %(aging)s::float8[])
             AS k(kind, after_at, after_id, priority, aging)
         CROSS JOIN LATERAL (
-            SELECT q.id, q.available_at,
+            SELECT q.id, q.bucket, q.available_at,
                    q.created_at <= coalesce(%(now)s::timestamptz, now())
                                    - make_interval(secs => k.aging) AS aged
             FROM {schema}.queue AS q
@@ -416,6 +420,37 @@ WITH candidates AS (
     ORDER BY (r.aged AND r.nth <= %(aged_limit)s) DESC, r.priority DESC, r.available_at, r.id
     LIMIT %(limit)s
 ),
+barred AS MATERIALIZED (
+    SELECT c.id, s.reason, 'suppression_list' AS source
+    FROM candidates AS c
+    -- Each a probe by key (LIMIT 1 keeps them inside the candidates' loop).
+    CROSS JOIN LATERAL (
+        SELECT o.scope, o.recipient_key FROM {schema}.outbox AS o
+        WHERE o.id = c.id AND o.bucket = c.bucket
+        LIMIT 1
+    ) AS o
+    CROSS JOIN LATERAL (
+        SELECT x.reason FROM {schema}.suppressions AS x
+        WHERE x.scope = coalesce(o.scope, 'default') AND x.recipient_key = o.recipient_key
+          AND (x.expires_at IS NULL OR x.expires_at > coalesce(%(now)s::timestamptz, now()))
+        LIMIT 1
+    ) AS s
+    WHERE EXISTS (SELECT FROM {schema}.suppressions)
+),
+suppressed AS (
+    DELETE FROM {schema}.queue AS q
+    USING barred AS b
+    WHERE q.id = b.id
+    RETURNING q.id, q.bucket, q.kind, q.aggregate_id, q.delivery_key, q.attempts,
+              q.max_attempts, q.expires_at, q.created_at, q.available_at, b.reason, b.source
+),
+suppressed_logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, worker_id, error_class, error)
+    SELECT id, bucket, kind, 'suppressed', coalesce(%(now)s::timestamptz, now()), attempts,
+           %(worker_id)s, source, reason
+    FROM suppressed
+),
 claimed AS (
     UPDATE {schema}.queue AS q
     SET status = 'processing',
@@ -427,6 +462,7 @@ claimed AS (
         updated_at = coalesce(%(now)s::timestamptz, now())
     -- By key, however few rows the queue holds (`ANY` of the chosen ids reads the primary key).
     WHERE q.id = ANY(ARRAY(SELECT id FROM candidates))
+      AND NOT q.id = ANY(ARRAY(SELECT id FROM barred))
     RETURNING q.id, q.bucket, q.kind, q.aggregate_id, q.delivery_key, q.attempts,
               q.max_attempts, q.expires_at, q.lease_token, q.lease_expires_at, q.created_at,
               q.available_at, q.replacement_key
@@ -447,17 +483,20 @@ logged AS (
 -- Each message is read by its key (`LIMIT 1` keeps the lookup inside the batch's loop): a join
 -- on the key would let a planner that misjudges the day's partition (never analysed after a
 -- burst) read all of it for a batch of 100.
+-- The rows found suppressed follow, with their reason and no lease, for the worker to count.
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token::text,
        c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
-       c.available_at, c.replacement_key, o.trace_context
+       c.available_at, c.replacement_key, o.trace_context, NULL::text AS suppression
 FROM claimed AS c
 LEFT JOIN LATERAL (
     SELECT m.recipient, m.template, m.data, m.secrets, m.trace_context FROM {schema}.outbox AS m
     WHERE m.id = c.id AND m.bucket = c.bucket
     LIMIT 1
 ) AS o ON true
-ORDER BY c.available_at, c.id;
+UNION ALL
+-- include: suppressed_rows
+ORDER BY suppression NULLS FIRST, available_at, id;
 
 -- name: claim_without_content
 -- Lease up to a batch of ready rows like `claim`, for a provider that reads no content.
@@ -466,9 +505,19 @@ SELECT c.id, c.kind, c.aggregate_id, NULL::text AS recipient, NULL::text AS temp
        NULL::jsonb AS data, NULL::bytea AS secrets, c.delivery_key, c.attempts,
        c.max_attempts, c.expires_at, c.lease_token::text, c.lease_expires_at, c.created_at,
        coalesce(%(now)s::timestamptz, now()) AS claimed_at, c.available_at, c.replacement_key,
-       NULL::jsonb AS trace_context
+       NULL::jsonb AS trace_context, NULL::text AS suppression
 FROM claimed AS c
-ORDER BY c.available_at, c.id;
+UNION ALL
+-- include: suppressed_rows
+ORDER BY suppression NULLS FIRST, available_at, id;
+
+-- fragment: suppressed_rows
+-- The claim's rows found suppressed, in the shape of a claimed row without content or lease.
+SELECT s.id, s.kind, s.aggregate_id, NULL::text, NULL::text, NULL::jsonb, NULL::bytea,
+       s.delivery_key, s.attempts, s.max_attempts, s.expires_at, NULL::text, NULL::timestamptz,
+       s.created_at, coalesce(%(now)s::timestamptz, now()), s.available_at, NULL::text,
+       NULL::jsonb, s.reason
+FROM suppressed AS s
 
 -- name: newer_replacement
 -- The newest message of a replacement key newer than a claimed one, if any has been committed:
@@ -658,6 +707,53 @@ lost AS (
 )
 SELECT id FROM settled;
 
+-- name: mark_suppressed
+-- Settle rows whose lease still matches as suppressed (the provider refused the address as one it suppresses).
+-- The row leaves the queue with its history (`suppressed`, the provider's code and words),
+-- and the message's mailbox goes on its scope's suppression list (reason `provider`, for
+-- `expiry_seconds`), as the events of a service that refuses later would put it there.
+WITH d AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(errors)s::text[],
+                %(error_classes)s::text[])
+        AS d(id, token, error, error_class)
+),
+settled AS (
+    DELETE FROM {schema}.queue AS q
+    USING d
+    -- include: held_by_the_batch
+    RETURNING q.id, q.bucket, q.kind, q.attempts, q.leased_by, d.token, d.error, d.error_class
+),
+logged AS (
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, error_class,
+         error)
+    SELECT id, bucket, kind, 'suppressed', coalesce(%(now)s::timestamptz, now()), attempts,
+           token, leased_by, error_class, error
+    FROM settled
+),
+listed AS (
+    INSERT INTO {schema}.suppressions AS x
+        (scope, recipient_key, reason, detail, created_at, expires_at)
+    SELECT DISTINCT ON (coalesce(o.scope, 'default'), o.recipient_key)
+           coalesce(o.scope, 'default'), o.recipient_key, 'provider', s.error_class,
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(expiry_seconds)s)
+    FROM settled AS s
+    JOIN {schema}.outbox AS o ON o.id = s.id AND o.bucket = s.bucket
+    WHERE o.recipient_key IS NOT NULL
+    -- include: longer_suppression_wins
+),
+lost AS (
+    INSERT INTO {schema}.history
+        (outbox_id, bucket, kind, event, at, attempt, lease_token, worker_id, error_class,
+         error)
+    SELECT d.id, l.bucket, l.kind, 'lease_lost', coalesce(%(now)s::timestamptz, now()),
+           l.attempt, d.token, %(worker_id)s, d.error_class, d.error
+    -- include: lost_leases
+)
+SELECT id FROM settled;
+
 -- name: reserve_tokens
 -- Reserve `count` tokens of a provider account's quota; creates the account's row on first use.
 -- The row's lock orders the reservations of every worker: the first token is due at the
@@ -701,6 +797,71 @@ SELECT p.paused_until,
        pg_notify(%(channel)s, %(notice_prefix)s || extract(epoch FROM p.paused_until)::text
                               || %(separator)s || p.account) AS notified
 FROM paused AS p;
+
+-- fragment: longer_suppression_wins
+-- An entry written over a mailbox's entry replaces it when it lasts longer (no expiry is the
+-- longest) or the old one has run out; otherwise the old one stays as it is. The inserting
+-- statement names the table `x`.
+ON CONFLICT (scope, recipient_key) DO UPDATE
+SET reason = excluded.reason,
+    detail = excluded.detail,
+    event_id = excluded.event_id,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at
+WHERE x.expires_at IS NOT NULL
+  AND (excluded.expires_at IS NULL OR excluded.expires_at > x.expires_at
+       OR x.expires_at <= excluded.created_at)
+
+-- name: find_suppression
+-- The unexpired suppression-list entry of a mailbox in a scope, if any.
+SELECT reason, detail, created_at, expires_at
+FROM {schema}.suppressions
+WHERE scope = %(scope)s AND recipient_key = %(recipient_key)s
+  AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, now()));
+
+-- name: lift_suppression
+-- Take a mailbox off a scope's suppression list; the entry's reason, if there was one.
+DELETE FROM {schema}.suppressions
+WHERE scope = %(scope)s AND recipient_key = %(recipient_key)s
+RETURNING reason;
+
+-- name: add_suppressions
+-- Put mailboxes on suppression lists by a person's decision, replacing their entries; how many.
+-- The arrays give one entry each; the last entry of a (scope, mailbox) given twice wins.
+WITH given AS (
+    SELECT DISTINCT ON (g.scope, g.recipient_key) g.*
+    FROM unnest(%(scopes)s::text[], %(recipient_keys)s::text[], %(reasons)s::text[],
+                %(details)s::text[], %(expires_at)s::timestamptz[])
+         WITH ORDINALITY AS g(scope, recipient_key, reason, detail, expires_at, n)
+    ORDER BY g.scope, g.recipient_key, g.n DESC
+),
+written AS (
+    INSERT INTO {schema}.suppressions AS x
+        (scope, recipient_key, reason, detail, created_at, expires_at)
+    SELECT scope, recipient_key, reason, detail, coalesce(%(now)s::timestamptz, now()),
+           expires_at
+    FROM given
+    ON CONFLICT (scope, recipient_key) DO UPDATE
+    SET reason = excluded.reason,
+        detail = excluded.detail,
+        event_id = NULL,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    RETURNING 1
+)
+SELECT count(*) FROM written;
+
+-- name: list_suppressions
+-- Suppression-list entries matching a selection, newest first (expired ones only if asked).
+SELECT scope, recipient_key, reason, detail, event_id, created_at, expires_at
+FROM {schema}.suppressions
+WHERE (%(scope)s::text IS NULL OR scope = %(scope)s::text)
+  AND (%(recipient_key)s::text IS NULL OR recipient_key = %(recipient_key)s::text)
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+  AND (%(expired)s::boolean OR expires_at IS NULL
+       OR expires_at > coalesce(%(now)s::timestamptz, now()))
+ORDER BY created_at DESC, scope, recipient_key
+LIMIT %(limit)s;
 
 -- name: extend_leases
 -- Push the expiry of leases still held to now plus the lease length.
@@ -1008,3 +1169,181 @@ WHERE schemaname = %(schema_name)s AND tablename IN ('outbox', 'queue', 'receipt
 -- name: schema_version
 -- The newest migration applied to the schema (the operator and the worker compare it with theirs).
 SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations;
+
+-- name: record_events
+-- Store a request's provider events once each, link them to their messages, list mailboxes and count the hour.
+-- `token` (Mailgun's signed token, else NULL) is remembered first: a token already seen is
+-- a replay, and then nothing else happens (`fresh` false). Each event is linked to the sent
+-- message whose `sent` history row records its provider message id (`<id>` too: some
+-- services wrap it), and stored unless an event with the same key is already there (a
+-- service redelivers an event with a new event id of its own: the key is what the event
+-- is). Only new events count: a complaint lists the mailbox for good in its message's scope,
+-- a hard bounce for `hard_bounce_seconds`, the service's own suppression for
+-- `provider_seconds`, and the `soft_bounce_limit`-th soft bounce of a mailbox within
+-- `soft_bounce_window_seconds` for `soft_bounce_seconds`. An event of an unknown message is
+-- stored unlinked and lists nothing (it has no scope). The answer is one row per new event
+-- (or a single row of NULLs but `fresh`), with whether it was linked and the reason it
+-- listed its mailbox with, if it did.
+WITH token AS (
+    INSERT INTO {schema}.feedback_tokens (provider, token, seen_at)
+    SELECT %(provider)s, %(token)s::text, coalesce(%(now)s::timestamptz, now())
+    WHERE %(token)s::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+),
+fresh AS (
+    SELECT %(token)s::text IS NULL OR EXISTS (SELECT FROM token) AS ok
+),
+forgotten AS (
+    DELETE FROM {schema}.feedback_tokens
+    WHERE %(token)s::text IS NOT NULL
+      AND seen_at < coalesce(%(now)s::timestamptz, now())
+                    - make_interval(secs => %(token_seconds)s)
+),
+input AS (
+    SELECT i.*
+    FROM unnest(%(provider_message_ids)s::text[], %(recipient_keys)s::text[],
+                %(events)s::text[], %(occurred_at)s::timestamptz[], %(bounce_classes)s::text[],
+                %(smtp_statuses)s::text[], %(details)s::text[], %(sending_domains)s::text[])
+         AS i(provider_message_id, recipient_key, event, occurred_at, bounce_class,
+              smtp_status, detail, sending_domain)
+    WHERE (SELECT ok FROM fresh)
+),
+linked AS (
+    SELECT i.*, m.id AS outbox_id, m.scope, m.kind
+    FROM input AS i
+    LEFT JOIN LATERAL (
+        SELECT o.id, coalesce(o.scope, 'default') AS scope, o.kind
+        FROM {schema}.history AS h
+        JOIN {schema}.outbox AS o ON o.id = h.outbox_id AND o.bucket = h.bucket
+        WHERE h.event = 'sent' AND h.provider_message_id IS NOT NULL
+          AND h.provider_message_id IN (i.provider_message_id,
+                                        '<' || i.provider_message_id || '>')
+        ORDER BY h.id DESC
+        LIMIT 1
+    ) AS m ON true
+),
+inserted AS (
+    INSERT INTO {schema}.events
+        (provider, provider_message_id, recipient_key, event, occurred_at, bounce_class,
+         smtp_status, detail, sending_domain, outbox_id, scope, kind, received_at)
+    SELECT %(provider)s, provider_message_id, recipient_key, event, occurred_at, bounce_class,
+           smtp_status, detail, sending_domain, outbox_id, scope, kind,
+           coalesce(%(now)s::timestamptz, now())
+    FROM linked
+    ON CONFLICT (provider, provider_message_id, recipient_key, event, occurred_at) DO NOTHING
+    RETURNING id, provider_message_id, recipient_key, event, occurred_at, bounce_class,
+              smtp_status, sending_domain, outbox_id, scope, kind
+),
+soft AS (
+    SELECT n.scope, n.recipient_key, max(n.id) AS event_id,
+           count(*) + (
+               SELECT count(*) FROM {schema}.events AS e
+               WHERE e.recipient_key = n.recipient_key AND e.event = 'bounced'
+                 AND e.bounce_class = 'soft'
+                 AND e.occurred_at > coalesce(%(now)s::timestamptz, now())
+                                     - make_interval(secs => %(soft_bounce_window_seconds)s)
+           ) AS seen
+    FROM inserted AS n
+    WHERE n.scope IS NOT NULL AND n.event = 'bounced' AND n.bounce_class = 'soft'
+      AND n.occurred_at > coalesce(%(now)s::timestamptz, now())
+                          - make_interval(secs => %(soft_bounce_window_seconds)s)
+    GROUP BY n.scope, n.recipient_key
+),
+verdicts AS (
+    SELECT n.scope, n.recipient_key, n.id AS event_id,
+           CASE n.event WHEN 'complained' THEN 'complaint' WHEN 'suppressed' THEN 'provider'
+                ELSE 'hard_bounce' END AS reason,
+           coalesce(n.smtp_status, n.event) AS detail,
+           CASE n.event
+               WHEN 'complained' THEN NULL
+               WHEN 'suppressed' THEN coalesce(%(now)s::timestamptz, now())
+                                      + make_interval(secs => %(provider_seconds)s)
+               ELSE coalesce(%(now)s::timestamptz, now())
+                    + make_interval(secs => %(hard_bounce_seconds)s)
+           END AS expires_at
+    FROM inserted AS n
+    WHERE n.scope IS NOT NULL
+      AND (n.event IN ('complained', 'suppressed')
+           OR (n.event = 'bounced' AND n.bounce_class = 'hard'))
+    UNION ALL
+    SELECT s.scope, s.recipient_key, s.event_id, 'soft_bounces', s.seen || ' soft bounces',
+           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(soft_bounce_seconds)s)
+    FROM soft AS s
+    WHERE s.seen >= %(soft_bounce_limit)s
+),
+listed AS (
+    INSERT INTO {schema}.suppressions AS x
+        (scope, recipient_key, reason, detail, event_id, created_at, expires_at)
+    SELECT DISTINCT ON (v.scope, v.recipient_key)
+           v.scope, v.recipient_key, v.reason, v.detail, v.event_id,
+           coalesce(%(now)s::timestamptz, now()), v.expires_at
+    FROM verdicts AS v
+    ORDER BY v.scope, v.recipient_key, v.expires_at DESC NULLS FIRST
+    -- include: longer_suppression_wins
+    RETURNING x.scope, x.recipient_key, x.reason
+),
+counted AS (
+    INSERT INTO {schema}.feedback_hours AS f
+        (hour, provider, sending_domain, kind, outcome, events)
+    SELECT date_trunc('hour', coalesce(%(now)s::timestamptz, now())), %(provider)s,
+           n.sending_domain, coalesce(n.kind, ''),
+           CASE WHEN n.event = 'bounced' THEN 'bounced_' || coalesce(n.bounce_class, 'soft')
+                ELSE n.event END AS outcome,
+           count(*)
+    FROM inserted AS n
+    GROUP BY 1, 2, 3, 4, 5
+    ON CONFLICT (hour, provider, sending_domain, kind, outcome)
+    DO UPDATE SET events = f.events + excluded.events
+)
+SELECT f.ok AS fresh, n.provider_message_id, n.recipient_key, n.event, n.occurred_at,
+       n.outbox_id IS NOT NULL AS linked, l.reason AS listed
+FROM fresh AS f
+LEFT JOIN inserted AS n ON true
+LEFT JOIN listed AS l ON l.scope = n.scope AND l.recipient_key = n.recipient_key;
+
+-- name: reputation
+-- A pool's providers' event counts in the last day and week (the operator's reputation check).
+-- The providers are those that reported on the pool's kinds in the last week; each is
+-- counted over every kind it sent, since a provider judges the whole account.
+WITH mine AS (
+    SELECT DISTINCT provider FROM {schema}.feedback_hours
+    WHERE kind = ANY(%(kinds)s::text[])
+      AND hour >= date_trunc('hour', now()) - interval '7 days'
+)
+SELECT h.provider,
+       coalesce(sum(h.events) FILTER (WHERE h.outcome = 'delivered'
+                                        AND h.hour >= date_trunc('hour', now())
+                                                      - interval '23 hours'), 0) AS delivered_1d,
+       coalesce(sum(h.events) FILTER (WHERE h.outcome = 'bounced_hard'
+                                        AND h.hour >= date_trunc('hour', now())
+                                                      - interval '23 hours'), 0) AS bounced_1d,
+       coalesce(sum(h.events) FILTER (WHERE h.outcome = 'complained'
+                                        AND h.hour >= date_trunc('hour', now())
+                                                      - interval '23 hours'), 0) AS complained_1d,
+       coalesce(sum(h.events) FILTER (WHERE h.outcome = 'delivered'), 0) AS delivered_7d,
+       coalesce(sum(h.events) FILTER (WHERE h.outcome = 'bounced_hard'), 0) AS bounced_7d,
+       coalesce(sum(h.events) FILTER (WHERE h.outcome = 'complained'), 0) AS complained_7d
+FROM {schema}.feedback_hours AS h
+WHERE h.provider IN (SELECT provider FROM mine)
+  AND h.hour >= date_trunc('hour', now()) - interval '7 days'
+GROUP BY h.provider
+ORDER BY h.provider;
+
+-- name: prune_events
+-- Delete a batch of provider events received before a day, and the hourly counts older than it and than the reputation's week.
+WITH doomed AS (
+    SELECT id FROM {schema}.events
+    WHERE received_at < %(before)s::date
+    ORDER BY received_at
+    LIMIT %(limit)s
+),
+deleted AS (
+    DELETE FROM {schema}.events AS e USING doomed WHERE e.id = doomed.id
+    RETURNING 1
+),
+hours AS (
+    DELETE FROM {schema}.feedback_hours
+    WHERE hour < least(%(before)s::date, (now() - interval '8 days')::date)
+)
+SELECT count(*) FROM deleted;

@@ -73,3 +73,21 @@ SELECT EXISTS (
     SELECT 1 FROM pg_catalog.pg_tables
     WHERE schemaname = %(schema)s AND tablename = 'history'
 );
+
+-- name: trace_feedback
+-- What the mail services reported about some rows after they accepted them, in their order.
+SELECT e.outbox_id, e.provider, e.event, e.bounce_class, e.smtp_status, e.detail,
+       e.occurred_at
+FROM {schema}.events AS e
+WHERE e.outbox_id = ANY(%(outbox_ids)s)
+ORDER BY e.outbox_id, e.occurred_at, e.id;
+
+-- name: trace_suppressions
+-- The unexpired suppression-list entry of each row's mailbox in its scope, if any.
+SELECT o.id AS outbox_id, s.reason, s.detail, s.created_at, s.expires_at
+FROM {schema}.outbox AS o
+JOIN {schema}.suppressions AS s
+  ON s.scope = coalesce(o.scope, 'default') AND s.recipient_key = o.recipient_key
+WHERE o.id = ANY(%(outbox_ids)s)
+  AND (s.expires_at IS NULL OR s.expires_at > now())
+ORDER BY o.id;

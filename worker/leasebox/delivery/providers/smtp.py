@@ -39,6 +39,7 @@ from typing import cast
 
 import aiosmtplib
 
+from leasebox.addresses import ascii_domain
 from leasebox.delivery.providers.base import (
     Email,
     SendResult,
@@ -70,7 +71,6 @@ from leasebox.errors import (
     ProviderError,
     TransientProviderError,
 )
-from leasebox.messages import ascii_domain
 
 DEFAULT_SENDER = "leasebox@localhost"
 DEFAULT_POOL_SIZE = 8

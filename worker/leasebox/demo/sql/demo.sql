@@ -13,9 +13,11 @@ GROUP BY leased_by;
 SELECT id FROM {schema}.queue WHERE status = 'processing' AND leased_by = %(worker_id)s;
 
 -- name: progress
--- Sent, dead and unfinished messages of the whole run (every message not in the queue is sent).
+-- Sent, dead and unfinished messages of the whole run (a message not in the queue is sent,
+-- unless it was suppressed).
 SELECT
-    (SELECT count(*) FROM {schema}.outbox) - count(*) AS sent,
+    (SELECT count(*) FROM {schema}.outbox) - count(*)
+        - (SELECT count(*) FROM {schema}.history WHERE event = 'suppressed') AS sent,
     count(*) FILTER (WHERE status = 'dead') AS dead,
     count(*) FILTER (WHERE status IN ('pending', 'processing')) AS unfinished
 FROM {schema}.queue;
@@ -26,3 +28,11 @@ SELECT id, status, dead_reason, recipient, delivery_key,
        extract(epoch FROM sent_at - created_at)::float8 AS latency_seconds
 FROM {schema}.messages
 ORDER BY id;
+
+-- name: sent_to
+-- The provider's id of the latest message sent to a recipient (the demo's bounce names it).
+SELECT provider_message_id
+FROM {schema}.messages
+WHERE recipient = %(recipient)s AND status = 'sent'
+ORDER BY id DESC
+LIMIT 1;

@@ -23,6 +23,7 @@ from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher
 from leasebox.producer.plan import Row
 from leasebox.producer.portable import drive, statement_text
+from leasebox.producer.recipients import RecipientPolicy
 
 
 def enqueue(
@@ -36,6 +37,8 @@ def enqueue(
     schema: str | None = None,
     cipher: PayloadCipher | None = None,
     catalogue: Catalogue | None = None,
+    check_suppression: bool = False,
+    policy: RecipientPolicy | None = None,
     using: str | None = None,
 ) -> Receipt:
     """`leasebox.enqueue` inside the current `transaction.atomic()` of connection `using`.
@@ -56,6 +59,8 @@ def enqueue(
             "leasebox.django.enqueue must run inside transaction.atomic() (or with "
             "ATOMIC_REQUESTS), so that the outbox row commits with your change"
         )
+    if policy is not None:
+        policy.check(message.recipient)
     chosen_schema = schema or configured.schema
     plan = plan_enqueue(
         message,
@@ -70,6 +75,7 @@ def enqueue(
         ),
         cipher=cipher or configured.cipher(),
         catalogue=catalogue,
+        check_suppression=check_suppression,
     )
     with connection.cursor() as cursor:
 
