@@ -45,10 +45,8 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match.group(1)), match.group(2), entry.name))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    # Versions only ever grow; a number may be skipped (lines of work that take their
-    # numbers apart merge in any order), never given twice.
-    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
-        raise RuntimeError(f"migration versions must be distinct and from 1, found {versions}")
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
     return found
 
 

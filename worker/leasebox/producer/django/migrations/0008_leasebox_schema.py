@@ -24,5 +24,5 @@ def forwards(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = [("leasebox", "0006_leasebox_schema")]
+    dependencies = [("leasebox", "0007_leasebox_schema")]
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop, elidable=False)]
