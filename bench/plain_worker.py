@@ -37,7 +37,8 @@ PRODUCT_TABLES = ("statements", "statements-no-history")
 # the `)` that closes it alone on a line (a subquery's `) AS l` inside it does not), with the
 # comma before it.
 _HISTORY_CTE = re.compile(
-    r",\n(?:logged|lost) AS \(\n(?:(?!\n\)).)*INSERT INTO \{schema\}\.history.*?\n\)(?=,|\n|$)",
+    r",\n(?:logged|lost|suppressed_logged) AS \(\n"
+    r"(?:(?!\n\)).)*INSERT INTO \{schema\}\.history.*?\n\)(?=,|\n|$)",
     re.S,
 )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -234,8 +235,7 @@ def test_upgrading_a_0006_schema_keeps_its_superseded_messages_and_allows_suppre
         conn.execute("CREATE SCHEMA leasebox")
     assert migrate_to(empty_db_dsn, 6) == [1, 2, 3, 4, 5, 6]
     with psycopg.connect(empty_db_dsn) as conn:
-        old = enqueue(conn, otp("a@x.io", replacement_key="challenge-1"), cipher=SEALING)
-        new = enqueue(conn, otp("a@x.io", replacement_key="challenge-1"), cipher=SEALING)
+        old, new = (enqueue_at_0006(conn, key, "challenge-1") for key in ("old", "new"))
 
     assert [m.version for m in migrate(empty_db_dsn)] == [
         m.version for m in available_migrations() if m.version > 6
@@ -246,16 +246,35 @@ def test_upgrading_a_0006_schema_keeps_its_superseded_messages_and_allows_suppre
         conn.execute(
             "INSERT INTO leasebox.history (outbox_id, bucket, kind, event, at)"
             " SELECT id, bucket, kind, 'suppressed', now() FROM leasebox.outbox WHERE id = %s",
-            (new.outbox_id,),
+            (new,),
         )
-        conn.execute("DELETE FROM leasebox.queue WHERE id = %s", (new.outbox_id,))
+        conn.execute("DELETE FROM leasebox.queue WHERE id = %s", (new,))
         found = conn.execute(
             "SELECT id, status, superseded_by FROM leasebox.messages ORDER BY id"
         ).fetchall()
-    assert found == [
-        (old.outbox_id, "superseded", new.outbox_id),
-        (new.outbox_id, "suppressed", None),
-    ]
+    assert found == [(old, "superseded", new), (new, "suppressed", None)]
+
+
+# What a release at 0006 sent: its `enqueue_message` has no trace context (0008 adds it).
+ENQUEUE_AT_0006 = """
+SELECT outbox_id FROM leasebox.enqueue_message(
+    p_kind => 'otp', p_aggregate_id => 'user-1', p_recipient => 'a@x.io',
+    p_recipient_key => 'a@x.io', p_scope => NULL, p_message_hash => NULL, p_template => 'otp',
+    p_data => '{"code": "123456"}', p_secrets => NULL, p_delivery_key => %(delivery_key)s,
+    p_explicit_key => false, p_max_attempts => NULL, p_available_at => NULL,
+    p_expires_at => NULL, p_idempotency_key => NULL, p_request_hash => NULL,
+    p_ttl_seconds => NULL, p_locks => '{}', p_replacement_key => %(replacement_key)s
+)
+"""
+
+
+def enqueue_at_0006(conn: psycopg.Connection[Any], delivery_key: str, replacement_key: str) -> int:
+    """Enqueue one OTP through the schema's function as a producer of release 0006 called it."""
+    row = conn.execute(
+        ENQUEUE_AT_0006, {"delivery_key": delivery_key, "replacement_key": replacement_key}
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def migrate_to(dsn: str, version: int) -> list[int]:

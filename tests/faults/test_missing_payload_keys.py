@@ -56,9 +56,6 @@ async def test_a_worker_without_the_keys_is_not_ready_spends_no_attempt_and_clai
                 assert not task.done(), "the worker stopped on its own"
                 await asyncio.sleep(0.02)
         problem = await keyless.readiness_problem()
-        claims = keyless.metrics.value("leasebox_claimed_total", {"kind": "otp"})
-        spent = attempts_spent(db_conn)
-        statuses = {r["status"] for r in rows(db_conn).values()}
         assert not task.done(), "the worker must stay up, not ready, rather than exit"
     finally:
         keyless.request_stop()
@@ -67,12 +64,11 @@ async def test_a_worker_without_the_keys_is_not_ready_spends_no_attempt_and_clai
     assert problem is not None
     assert "LEASEBOX_PAYLOAD_KEYS" in problem
     assert keyless.metrics.value("leasebox_not_ready", {"cause": "payload_keys"}) == 1.0
-    assert spent == 0, "a configuration fault spent the messages' attempts"
-    assert statuses == {"pending"}
+    # Judged once it has stopped: a claim still on its way when it found out comes back too.
+    assert attempts_spent(db_conn) == 0, "a configuration fault spent the messages' attempts"
+    assert {r["status"] for r in rows(db_conn).values()} == {"pending"}
     # What it held when it found out (its senders and one batch more), and nothing after.
-    assert claims <= 4
-    assert keyless.metrics.value("leasebox_claimed_total", {"kind": "otp"}) == claims
-    assert attempts_spent(db_conn) == 0
+    assert keyless.metrics.value("leasebox_claimed_total", {"kind": "otp"}) <= 4
 
     keyed = ScriptedProvider()
     run = await run_until_final(db_pool, keyed, cipher, db_conn)

@@ -440,7 +440,8 @@ barred AS MATERIALIZED (
 suppressed AS (
     DELETE FROM {schema}.queue AS q
     USING barred AS b
-    WHERE q.id = b.id
+    -- By key, as the update below: a planner sure of few barred rows would scan the queue.
+    WHERE q.id = ANY(ARRAY(SELECT id FROM barred)) AND q.id = b.id
     RETURNING q.id, q.bucket, q.kind, q.aggregate_id, q.delivery_key, q.attempts,
               q.max_attempts, q.expires_at, q.created_at, q.available_at, b.reason, b.source
 ),
