@@ -117,7 +117,7 @@ def test_the_send_rate_counts_the_windows_sends_of_the_messages_of_the_last_day(
             sent_at=sent_at,
         )  # fmt: skip
 
-    for created_at in (now, now - timedelta(hours=30), now - timedelta(days=3)):
+    for created_at in (now, now - timedelta(hours=20), now - timedelta(days=3)):
         sent(created_at, recently)
     sent(now - timedelta(minutes=5), now - timedelta(minutes=5))  # before the window
     sent(now, recently, kind="invite")
