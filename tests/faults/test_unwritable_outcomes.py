@@ -24,7 +24,7 @@ from leasebox.delivery.rendering import TemplateRenderer
 from leasebox.delivery.retrying import failure_code
 from leasebox.errors import TransientProviderError
 from leasebox.producer.payload_crypto import PayloadCipher
-from leasebox.runtime.completion import UNSTORABLE_ERROR, CompletionBatcher, Outcome
+from leasebox.runtime.completion import UNSTORABLE_ERROR, Completion, CompletionBatcher
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.worker import Worker
 from leasebox.states import DeadReason
@@ -118,12 +118,14 @@ async def test_a_batch_the_database_refuses_is_written_around_the_outcome_it_can
         db_pool, WorkerMetrics(), schema="leasebox", clock=lambda: None, on_settled=settled.append
     )
     bad_id, bad_error, fine = messages[0], messages[1], messages[2:]
-    batcher.put(Outcome(bad_id, Sent(bad_id.lease, "abc\x00def")))
-    batcher.put(Outcome(bad_error, Retry(bad_error.lease, 1.0, "bad \x00 text", "code\x00")))
+    batcher.put(Completion(bad_id, Sent(bad_id.lease, "abc\x00def")))
+    batcher.put(Completion(bad_error, Retry(bad_error.lease, 1.0, "bad \x00 text", "code\x00")))
     for message in fine[:2]:
-        batcher.put(Outcome(message, Sent(message.lease, "ok")))
+        batcher.put(Completion(message, Sent(message.lease, "ok")))
     for message in fine[2:]:
-        batcher.put(Outcome(message, Dead(message.lease, DeadReason.REJECTED, "550", "smtp_550")))
+        batcher.put(
+            Completion(message, Dead(message.lease, DeadReason.REJECTED, "550", "smtp_550"))
+        )
     flusher = asyncio.get_running_loop().create_task(batcher.run())
     async with asyncio.timeout(30):
         while len(settled) < 6:

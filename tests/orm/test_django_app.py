@@ -14,13 +14,14 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import connections, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.db.transaction import TransactionManagementError
 
 import leasebox.django
-import leasebox.producer.django.migrations
+import leasebox.django.migrations
 from leasebox import OutboxMessage
 from leasebox.db.migrations import available_migrations
-from leasebox.producer.django.apps import check_settings
+from leasebox.django.apps import check_settings
 from support.orm_producers import add_django_database, remove_django_database
 
 CODE = {"code": "493817"}  # what the otp template needs
@@ -50,7 +51,7 @@ def tables(dsn: str, schema: str = "leasebox") -> set[str]:
 
 def test_installed_as_leasebox_django_the_app_has_the_label_leasebox() -> None:
     config = apps.get_app_config("leasebox")
-    assert config.name == "leasebox.producer.django"
+    assert config.name == "leasebox.django"
 
 
 def test_manage_py_migrate_creates_the_outbox_tables(
@@ -59,6 +60,19 @@ def test_manage_py_migrate_creates_the_outbox_tables(
     call_command("migrate", "leasebox", database=django_empty_alias, verbosity=0)
 
     assert {"outbox", "receipts", "schema_migrations"} <= tables(empty_db_dsn)
+
+
+def test_the_migrations_are_recorded_under_the_label_so_where_the_app_lives_is_no_matter(
+    django_empty_alias: str, empty_db_dsn: str
+) -> None:
+    call_command("migrate", "leasebox", database=django_empty_alias, verbosity=0)
+    with psycopg.connect(empty_db_dsn) as conn:
+        recorded = conn.execute("SELECT DISTINCT app FROM django_migrations").fetchall()
+    executor = MigrationExecutor(connections[django_empty_alias])
+    left = executor.migration_plan(executor.loader.graph.leaf_nodes("leasebox"))
+
+    assert recorded == [("leasebox",)]
+    assert left == []
 
 
 def test_leasebox_migrate_applies_what_is_missing_and_then_nothing(
@@ -83,11 +97,10 @@ def test_leasebox_migrate_takes_another_schema(django_empty_alias: str, empty_db
 
 
 def test_the_django_migrations_reach_the_latest_leasebox_migration() -> None:
-    folder = Path(leasebox.producer.django.migrations.__file__).parent
+    folder = Path(leasebox.django.migrations.__file__).parent
     names = sorted(p.stem for p in folder.glob("0*.py"))
     versions = [
-        import_module(f"leasebox.producer.django.migrations.{name}").LEASEBOX_VERSION
-        for name in names
+        import_module(f"leasebox.django.migrations.{name}").LEASEBOX_VERSION for name in names
     ]
     assert versions == [m.version for m in available_migrations()], "one per SQL migration"
     assert [int(name[:4]) for name in names] == versions

@@ -10,7 +10,7 @@ import leasebox.sqlalchemy
 from leasebox import OutboxMessage
 from leasebox.db.queries import query_names
 from leasebox.producer.portable import named_binds, statement_text
-from leasebox.producer.sqlalchemy import statement
+from leasebox.sqlalchemy import statement
 
 
 @pytest.mark.parametrize("name", query_names())

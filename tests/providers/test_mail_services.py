@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 from leasebox.delivery.providers import Email, Provider, provider_from_url
-from leasebox.delivery.providers.base import Outcome, idempotency, key_digest, request_outcome
+from leasebox.delivery.providers.base import (
+    RequestOutcome,
+    idempotency,
+    key_digest,
+    request_outcome,
+)
 from leasebox.errors import PermanentProviderError, ProviderError, TransientProviderError
 from support.mail_services import (
     AWS_ACCESS_KEY_ID,
@@ -130,7 +135,7 @@ async def test_a_refused_recipient_is_a_permanent_rejection(stand_in: StandIn) -
     error = await refused(stand_in, "rejected@example.com")
 
     assert isinstance(error, PermanentProviderError)
-    assert request_outcome(error) is Outcome.REJECTED
+    assert request_outcome(error) is RequestOutcome.REJECTED
     assert (
         error.code
         == {
@@ -148,7 +153,7 @@ async def test_throttling_is_transient_and_carries_the_services_wait(stand_in: S
     error = await refused(stand_in, "throttled@example.com")
 
     assert isinstance(error, TransientProviderError)
-    assert request_outcome(error) is Outcome.THROTTLED
+    assert request_outcome(error) is RequestOutcome.THROTTLED
     if stand_in.service in ("sendgrid", "resend"):
         assert error.retry_after is not None
         assert THROTTLE_SECONDS - 2 <= error.retry_after <= THROTTLE_SECONDS
@@ -160,7 +165,7 @@ async def test_a_server_error_is_transient(stand_in: StandIn) -> None:
     error = await refused(stand_in, "down@example.com")
 
     assert isinstance(error, TransientProviderError)
-    assert request_outcome(error) is Outcome.UNAVAILABLE
+    assert request_outcome(error) is RequestOutcome.UNAVAILABLE
 
 
 async def test_a_wrong_key_is_the_accounts_problem_and_is_retried(
@@ -172,7 +177,7 @@ async def test_a_wrong_key_is_the_accounts_problem_and_is_retried(
     with pytest.raises(TransientProviderError) as caught:
         await send(stand_in, email())
 
-    assert request_outcome(caught.value) is Outcome.ACCOUNT
+    assert request_outcome(caught.value) is RequestOutcome.ACCOUNT
     assert "wrong-key-0000" not in str(caught.value)
 
 
@@ -183,7 +188,7 @@ async def test_a_service_slower_than_the_timeout_is_a_transient_timeout(
         await send(stand_in, email("slow@example.com"), wait=0.3)
 
     assert caught.value.code == "timeout"
-    assert request_outcome(caught.value) is Outcome.TIMEOUT
+    assert request_outcome(caught.value) is RequestOutcome.TIMEOUT
 
 
 async def test_only_resend_says_it_drops_repeated_sends(stand_in: StandIn) -> None:

@@ -133,7 +133,7 @@ async def test_a_5xx_reply_is_a_permanent_error_without_the_address(
         await provider.send(email(recipient=recipient))
 
     assert caught.value.code == code
-    assert caught.value.error_class == "permanent"
+    assert caught.value.permanence == "permanent"
     assert f"127.0.0.1:{smtp_server.port}" in str(caught.value)
     assert recipient not in str(caught.value)
     assert CODE not in str(caught.value)
@@ -162,7 +162,7 @@ async def test_a_4xx_reply_is_a_transient_error(
         await provider.send(email(recipient=recipient))
 
     assert caught.value.code == code
-    assert caught.value.error_class == "transient"
+    assert caught.value.permanence == "transient"
 
 
 async def test_the_connection_still_delivers_after_a_refused_recipient(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leasebox.delivery.providers.base import Outcome, idempotency, request_outcome
+from leasebox.delivery.providers.base import RequestOutcome, idempotency, request_outcome
 from leasebox.delivery.providers.development import NullProvider
 from leasebox.delivery.providers.mail_api import ApiAnswer, seconds_until, status_error
 from leasebox.errors import PermanentProviderError, TransientProviderError
@@ -14,31 +14,31 @@ from leasebox.runtime.metrics import PROVIDER_OUTCOMES, WorkerMetrics
 @pytest.mark.parametrize(
     ("error", "outcome"),
     [
-        (None, Outcome.ACCEPTED),
-        (TransientProviderError("timeout", "x"), Outcome.TIMEOUT),
-        (TransientProviderError("connection", "x"), Outcome.CONNECTION),
-        (TransientProviderError("tls", "x"), Outcome.CONNECTION),
-        (PermanentProviderError("smtp_auth", "x"), Outcome.ACCOUNT),
-        (PermanentProviderError("smtp_550", "x"), Outcome.REJECTED),
-        (TransientProviderError("smtp_421", "x"), Outcome.UNAVAILABLE),
-        (TransientProviderError("smtp_451", "x"), Outcome.ERROR),
-        (TransientProviderError("http_429", "x"), Outcome.THROTTLED),
-        (TransientProviderError("http_401", "x"), Outcome.ACCOUNT),
-        (TransientProviderError("http_503", "x"), Outcome.UNAVAILABLE),
-        (PermanentProviderError("http_422", "x"), Outcome.REJECTED),
-        (TransientProviderError("resend_x", "x", outcome="throttled"), Outcome.THROTTLED),
-        (TransientProviderError("odd", "x", outcome="not-an-outcome"), Outcome.ERROR),
-        (TimeoutError(), Outcome.TIMEOUT),
-        (ConnectionResetError(), Outcome.CONNECTION),
-        (ValueError(), Outcome.ERROR),
+        (None, RequestOutcome.ACCEPTED),
+        (TransientProviderError("timeout", "x"), RequestOutcome.TIMEOUT),
+        (TransientProviderError("connection", "x"), RequestOutcome.CONNECTION),
+        (TransientProviderError("tls", "x"), RequestOutcome.CONNECTION),
+        (PermanentProviderError("smtp_auth", "x"), RequestOutcome.ACCOUNT),
+        (PermanentProviderError("smtp_550", "x"), RequestOutcome.REJECTED),
+        (TransientProviderError("smtp_421", "x"), RequestOutcome.UNAVAILABLE),
+        (TransientProviderError("smtp_451", "x"), RequestOutcome.ERROR),
+        (TransientProviderError("http_429", "x"), RequestOutcome.THROTTLED),
+        (TransientProviderError("http_401", "x"), RequestOutcome.ACCOUNT),
+        (TransientProviderError("http_503", "x"), RequestOutcome.UNAVAILABLE),
+        (PermanentProviderError("http_422", "x"), RequestOutcome.REJECTED),
+        (TransientProviderError("resend_x", "x", outcome="throttled"), RequestOutcome.THROTTLED),
+        (TransientProviderError("odd", "x", outcome="not-an-outcome"), RequestOutcome.ERROR),
+        (TimeoutError(), RequestOutcome.TIMEOUT),
+        (ConnectionResetError(), RequestOutcome.CONNECTION),
+        (ValueError(), RequestOutcome.ERROR),
     ],
 )
-def test_each_failure_has_one_outcome(error: BaseException | None, outcome: Outcome) -> None:
+def test_each_failure_has_one_outcome(error: BaseException | None, outcome: RequestOutcome) -> None:
     assert request_outcome(error) is outcome
 
 
 def test_the_metrics_know_every_outcome() -> None:
-    assert tuple(o.value for o in Outcome) == PROVIDER_OUTCOMES
+    assert tuple(o.value for o in RequestOutcome) == PROVIDER_OUTCOMES
 
 
 def test_a_provider_that_says_nothing_of_idempotency_is_unknown() -> None:
@@ -66,19 +66,19 @@ def test_a_reset_time_in_the_past_or_unreadable_gives_no_wait() -> None:
 @pytest.mark.parametrize(
     ("status", "transient", "outcome"),
     [
-        (400, False, Outcome.REJECTED),
-        (401, True, Outcome.ACCOUNT),
-        (403, True, Outcome.ACCOUNT),
-        (404, False, Outcome.REJECTED),
-        (408, True, Outcome.TIMEOUT),
-        (413, False, Outcome.REJECTED),
-        (429, True, Outcome.THROTTLED),
-        (500, True, Outcome.UNAVAILABLE),
-        (503, True, Outcome.UNAVAILABLE),
+        (400, False, RequestOutcome.REJECTED),
+        (401, True, RequestOutcome.ACCOUNT),
+        (403, True, RequestOutcome.ACCOUNT),
+        (404, False, RequestOutcome.REJECTED),
+        (408, True, RequestOutcome.TIMEOUT),
+        (413, False, RequestOutcome.REJECTED),
+        (429, True, RequestOutcome.THROTTLED),
+        (500, True, RequestOutcome.UNAVAILABLE),
+        (503, True, RequestOutcome.UNAVAILABLE),
     ],
 )
 def test_a_service_status_maps_onto_transient_or_permanent(
-    status: int, transient: bool, outcome: Outcome
+    status: int, transient: bool, outcome: RequestOutcome
 ) -> None:
     error = status_error("sendgrid", ApiAnswer(status, {"Retry-After": "7"}, {"x": "body"}))
 

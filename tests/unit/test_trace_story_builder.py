@@ -156,7 +156,7 @@ def test_a_retry_then_a_send_by_another_worker_is_two_workers_in_turn() -> None:
         "worker-a",
         TOKEN_A,
         attempt=1,
-        error_class="transient",
+        error_class="smtp_451",
         error="451 try later",
         retry_delay_seconds=2.0,
     )
@@ -166,7 +166,7 @@ def test_a_retry_then_a_send_by_another_worker_is_two_workers_in_turn() -> None:
     assert send.ownership == Ownership.IN_TURN
     assert send.workers == ("worker-a", "worker-b")
     assert [a.outcome for a in send.attempts] == ["retry", "sent"]
-    assert "failed transiently at 2026-12-01T12:00:01Z (transient: 451 try later), " in (
+    assert "failed transiently at 2026-12-01T12:00:01Z (smtp_451: 451 try later), " in (
         attempt_line(send.attempts[0])
     )
     assert "retried after 2.0 s" in attempt_line(send.attempts[0])
@@ -272,13 +272,13 @@ def test_a_stalled_worker_whose_late_send_failed_adds_no_copy() -> None:
         worker_id="worker-a",
         lease_token=TOKEN_A,
         attempt=1,
-        error_class="transient",
-        error="timeout",
+        error_class="timeout",
+        error="the send timed out",
     )
     send = story(history, attempts=2)
     assert send.ownership == Ownership.RACED
     assert (send.copies.accepted, send.copies.possible) == (1, 0)
-    assert "its send failed (transient: timeout)" in attempt_line(send.attempts[0])
+    assert "its send failed (timeout: the send timed out)" in attempt_line(send.attempts[0])
 
 
 def test_a_lease_released_on_shutdown_is_handed_on_without_a_copy() -> None:
@@ -312,11 +312,11 @@ def test_a_permanent_rejection_dead_letters_the_send_with_its_stored_error() -> 
         TOKEN_A,
         attempt=1,
         dead_reason="rejected",
-        error_class="permanent",
+        error_class="smtp_550",
         error="550 no such user",
     )
     send = story(history, status="dead", dead_reason="rejected")
-    assert "dead-lettered at 2026-12-01T12:00:01Z (reason rejected; permanent: 550 no such" in (
+    assert "dead-lettered at 2026-12-01T12:00:01Z (reason rejected; smtp_550: 550 no such" in (
         attempt_line(send.attempts[0])
     )
     assert chronicle(send) == "claimed by worker-a, dead-lettered by worker-a (rejected)"
@@ -494,7 +494,7 @@ def test_times_are_utc_iso_to_the_second() -> None:
 def test_a_later_ending_of_the_same_lease_does_not_rewrite_the_first() -> None:
     history = History().claimed(0, "worker-a", TOKEN_A, 1)
     history.ended("sent", 1, "worker-a", TOKEN_A)
-    history.ended("retry", 2, "worker-a", TOKEN_A, error_class="transient")
+    history.ended("retry", 2, "worker-a", TOKEN_A, error_class="smtp_451")
     send = story(history)
     assert [a.outcome for a in send.attempts] == ["sent"]
     assert send.attempts[0].ended_at == at(1)

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from leasebox.runtime.completion import LINGER_BELOW, CompletionBatcher, Outcome
+from leasebox.runtime.completion import LINGER_BELOW, Completion, CompletionBatcher
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.store import claiming
 from leasebox.store.claiming import ClaimedMessage
@@ -60,7 +60,7 @@ class Batcher:
     def sent(self, message: ClaimedMessage, *, in_flight_after: int) -> None:
         """A send of `message` finished, leaving `in_flight_after` sends still under way."""
         self.in_flight = in_flight_after
-        self.batcher.put(Outcome(message, Sent(message.lease, f"p-{message.id}")))
+        self.batcher.put(Completion(message, Sent(message.lease, f"p-{message.id}")))
 
     async def settled_within_deadline(self, count: int) -> list[int]:
         """The ids settled once `count` are, or when the deadline has passed."""

@@ -17,7 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from leasebox.runtime import upkeep
-from leasebox.runtime.completion import CompletionBatcher, Outcome
+from leasebox.runtime.completion import Completion, CompletionBatcher
 from leasebox.runtime.metrics import WorkerMetrics
 from leasebox.runtime.settings import WorkerSettings
 from leasebox.states import DeadReason
@@ -31,8 +31,8 @@ from support.worker_doubles import Insert, ManualClock
 WORKER = "worker-counted"
 
 
-async def settle(pool: AsyncConnectionPool, now: datetime, *outcomes: Outcome) -> list[int]:
-    """Write `outcomes` through the completion batcher as one batch; the ids it settled."""
+async def settle(pool: AsyncConnectionPool, now: datetime, *completions: Completion) -> list[int]:
+    """Write `completions` through the completion batcher as one batch; the ids it settled."""
     settled: list[int] = []
     batcher = CompletionBatcher(
         pool,
@@ -43,8 +43,8 @@ async def settle(pool: AsyncConnectionPool, now: datetime, *outcomes: Outcome) -
         lease_deadline=lambda _: time.monotonic() + 60,
         worker_id=WORKER,
     )
-    for outcome in outcomes:
-        batcher.put(outcome)
+    for completion in completions:
+        batcher.put(completion)
     flusher = asyncio.get_running_loop().create_task(batcher.run())
     await batcher.close()
     await flusher
@@ -87,12 +87,12 @@ async def test_a_settled_batch_sends_one_statement_per_kind_of_outcome(
     settled = await settle(
         counted_pool,
         db_now,
-        Outcome(m[0], Sent(m[0].lease, "p-0")),
-        Outcome(m[1], Sent(m[1].lease, "p-1")),
-        Outcome(m[5], Sent(stale, "p-late")),
-        Outcome(m[2], Retry(m[2].lease, 2.0, "timed out", "timeout")),
-        Outcome(m[3], Retry(m[3].lease, 2.0, "dropped", "ambiguous")),
-        Outcome(m[4], Dead(m[4].lease, DeadReason.REJECTED, "550", "smtp_550")),
+        Completion(m[0], Sent(m[0].lease, "p-0")),
+        Completion(m[1], Sent(m[1].lease, "p-1")),
+        Completion(m[5], Sent(stale, "p-late")),
+        Completion(m[2], Retry(m[2].lease, 2.0, "timed out", "timeout")),
+        Completion(m[3], Retry(m[3].lease, 2.0, "dropped", "ambiguous")),
+        Completion(m[4], Dead(m[4].lease, DeadReason.REJECTED, "550", "smtp_550")),
     )
     assert sorted(settled) == sorted(ids)
     assert statements.take() == ["mark_sent", "schedule_retry", "mark_dead"]
@@ -108,7 +108,7 @@ async def test_a_settled_batch_sends_one_statement_per_kind_of_outcome(
     lost = histories(db_conn)[ids[5]][1]
     assert (lost.worker_id, lost.provider_message_id) == (WORKER, "p-late")
 
-    assert await settle(counted_pool, db_now, Outcome(m[5], Release(m[5].lease))) == [ids[5]]
+    assert await settle(counted_pool, db_now, Completion(m[5], Release(m[5].lease))) == [ids[5]]
     assert statements.take() == ["release_leases"]
     assert events(histories(db_conn)[ids[5]]) == ["claimed", "lease_lost", "released"]
 

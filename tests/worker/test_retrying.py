@@ -54,7 +54,7 @@ def test_backoff_rejects_an_attempt_below_one() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exc", "error_class", "code"),
+    ("exc", "permanence", "code"),
     [
         (TransientProviderError("smtp_421", "421 busy"), "transient", "smtp_421"),
         (TransientProviderError("http_503", "503"), "transient", "http_503"),
@@ -74,10 +74,10 @@ def test_backoff_rejects_an_attempt_below_one() -> None:
     ],
 )
 def test_failures_are_classified_by_the_table(
-    exc: BaseException, error_class: str, code: str
+    exc: BaseException, permanence: str, code: str
 ) -> None:
     failure = classify(exc)
-    assert (failure.error_class, failure.code) == (error_class, code)
+    assert (failure.permanence, failure.code) == (permanence, code)
     assert failure.detail
 
 

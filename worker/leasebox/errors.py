@@ -25,7 +25,7 @@ figures a caller needs and never a secret, a password or a message body.
         ├── TemplateError         a template is missing, malformed or lacks a variable
         ├── UnreadableData        a stored message's data cannot be decoded (nested too deep)
         ├── ProviderUnavailable   the provider cannot start (unreachable, bad credentials)
-        └── ProviderError         one send failed; `error_class` says whether to retry
+        └── ProviderError         one send failed; `permanence` says whether to retry
             ├── TransientProviderError
             │   └── AmbiguousProviderError   the provider may have taken it (no answer)
             └── PermanentProviderError
@@ -35,11 +35,13 @@ figures a caller needs and never a secret, a password or a message body.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-# A failure's class: whether the worker tries again later or dead-letters the message now.
+# A failure's permanence: whether the worker tries again later or dead-letters the message now.
 TRANSIENT = "transient"
 PERMANENT = "permanent"
 
@@ -286,17 +288,29 @@ class ProviderUnavailable(DeliveryError):
 
 
 class ProviderError(DeliveryError):
-    """A send or a connection failed; `error_class` tells the worker whether to retry.
+    """A send or a connection failed; `permanence` tells the worker whether to retry.
 
-    `code` is short and low-cardinality (`smtp_550`, `timeout`); the message is one short
-    line that never contains a body, a secret or a password. `retry_after` is how long the
-    provider asked to be left alone (HTTP 429 `Retry-After`), in seconds: the next attempt
-    waits at least that long. `outcome` is what the request amounted to for the provider's
-    health metrics (`throttled`, `account`, ...; see `delivery.providers.base.Outcome`), when
-    the provider knows better than its status code says.
+    `permanence` is `transient` (retry with backoff) or `permanent` (dead-letter now): the
+    class's (`TransientProviderError`, `PermanentProviderError`) unless given. `code` is short
+    and low-cardinality (`smtp_550`, `timeout`); the message is one short line that never
+    contains a body, a secret or a password. `retry_after` is how long the provider asked to
+    be left alone (HTTP 429 `Retry-After`), in seconds: the next attempt waits at least that
+    long. `outcome` is what the request amounted to for the provider's health metrics
+    (`throttled`, `account`, ...; see `delivery.providers.base.RequestOutcome`), when the
+    provider knows better than its status code says.
+
+    `error_class` is the old name of `permanence` (the keyword, a subclass's attribute and
+    the read-only property): deprecated, it still works until the next release.
     """
 
-    error_class: str = TRANSIENT
+    permanence: str = TRANSIENT
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("error_class")
+        if isinstance(declared, str):  # a provider's subclass written for the old name
+            _warn_error_class(stacklevel=3)
+            cls.permanence = declared
 
     def __init__(
         self,
@@ -305,30 +319,52 @@ class ProviderError(DeliveryError):
         *,
         retry_after: float | None = None,
         outcome: str | None = None,
+        permanence: str | None = None,
+        error_class: str | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.retry_after = retry_after
         self.outcome = outcome
+        if error_class is not None:
+            _warn_error_class(stacklevel=3)
+            permanence = error_class if permanence is None else permanence
+        if permanence is not None:
+            self.permanence = permanence
+
+    @property
+    def error_class(self) -> str:
+        """Deprecated: `permanence`."""
+        _warn_error_class(stacklevel=3)
+        return self.permanence
 
     @property
     def transient(self) -> bool:
-        return self.error_class == TRANSIENT
+        return self.permanence == TRANSIENT
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, message={str(self)!r})"
 
 
+def _warn_error_class(stacklevel: int) -> None:
+    warnings.warn(
+        "ProviderError's `error_class` is deprecated and goes in the next release: "
+        "use `permanence` (`transient` or `permanent`)",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
 class TransientProviderError(ProviderError):
     """Worth retrying later: timeouts, refused connections, SMTP 4xx, HTTP 408/429/5xx."""
 
-    error_class = TRANSIENT
+    permanence = TRANSIENT
 
 
 class PermanentProviderError(ProviderError):
     """Retrying cannot help: a refused recipient, a rejected request."""
 
-    error_class = PERMANENT
+    permanence = PERMANENT
 
 
 class AmbiguousProviderError(TransientProviderError):

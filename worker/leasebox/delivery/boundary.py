@@ -26,8 +26,8 @@ from typing import NamedTuple
 from leasebox.delivery.providers.base import (
     REPLACEMENT,
     Email,
-    Outcome,
     Provider,
+    RequestOutcome,
     SendResult,
     one_line,
 )
@@ -42,7 +42,7 @@ class Accepted(NamedTuple):
 
     provider_message_id: str | None
     warnings: tuple[str, ...] = ()
-    outcome: str = Outcome.ACCEPTED.value
+    outcome: str = RequestOutcome.ACCEPTED.value
 
 
 async def send_once(provider: Provider, email: Email) -> Accepted | Failure:

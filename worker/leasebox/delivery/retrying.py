@@ -15,30 +15,30 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from leasebox.delivery.providers.base import Outcome, one_line, request_outcome
+from leasebox.delivery.providers.base import RequestOutcome, one_line, request_outcome
 from leasebox.errors import PERMANENT, TRANSIENT, PayloadKeyError, ProviderError, UnreadableData
 from leasebox.states import DeadReason
 
 
 @dataclass(frozen=True)
 class Failure:
-    """A classified failure: `error_class` is `transient` or `permanent`.
+    """A classified failure: `permanence` is `transient` or `permanent`.
 
     `code` is short and low-cardinality (`smtp_550`, `timeout`, `template`): it becomes the
     `error_class` label of the retry metric and the `last_error_class` column. `detail` is one
     bounded line that is safe to log and store: never a body, a secret or a password.
     """
 
-    error_class: str
+    permanence: str
     code: str
     detail: str
     retry_after: float | None = None
-    outcome: str = Outcome.ERROR.value
+    outcome: str = RequestOutcome.ERROR.value
     """What the provider request amounted to (the provider metrics' `outcome` label)."""
 
     @property
     def transient(self) -> bool:
-        return self.error_class == TRANSIENT
+        return self.permanence == TRANSIENT
 
     @property
     def suppressed_by_provider(self) -> bool:
@@ -77,15 +77,15 @@ MAX_RETRY_AFTER = 3600.0
 def classify(exc: BaseException) -> Failure:
     """Map an exception raised while preparing or sending a message to a `Failure`.
 
-    | exception                              | class     | code                     |
-    |----------------------------------------|-----------|--------------------------|
-    | `ProviderError`                        | its own   | its own (`smtp_550`, ..) |
-    | template error (missing, undefined)    | permanent | `template`               |
-    | `UnreadableData` (data nested too deep) | permanent | `invalid_data`          |
-    | `PayloadKeyError` (secrets unreadable) | transient | `payload_keys`           |
-    | `TimeoutError`                         | transient | `timeout`                |
-    | `ConnectionError`, other `OSError`     | transient | `connection`             |
-    | anything else                          | transient | `unexpected`             |
+    | exception                               | permanence | code                     |
+    |-----------------------------------------|------------|--------------------------|
+    | `ProviderError`                         | its own    | its own (`smtp_550`, ..) |
+    | template error (missing, undefined)     | permanent  | `template`               |
+    | `UnreadableData` (data nested too deep) | permanent  | `invalid_data`           |
+    | `PayloadKeyError` (secrets unreadable)  | transient  | `payload_keys`           |
+    | `TimeoutError`                          | transient  | `timeout`                |
+    | `ConnectionError`, other `OSError`      | transient  | `connection`             |
+    | anything else                           | transient  | `unexpected`             |
 
     Unreadable secrets are transient on purpose: during a key rotation one worker may lack
     the new key, and the attempt limit still ends a message that never decrypts.
@@ -94,15 +94,15 @@ def classify(exc: BaseException) -> Failure:
     Messages of unknown exceptions are not kept: they may quote anything. A `ProviderError`
     may come from any plugin, so its class, code, text and Retry-After are each checked:
     the code is reduced to a bounded label, the text to one bounded storable line, an
-    unknown `error_class` counts as transient and a Retry-After that is not a finite
+    unknown `permanence` counts as transient and a Retry-After that is not a finite
     positive number is ignored.
     """
     if isinstance(exc, ProviderError):
         code = failure_code(getattr(exc, "code", None))
         detail = one_line(_text_of(exc)) or code
-        error_class = PERMANENT if exc.error_class == PERMANENT else TRANSIENT
+        permanence = PERMANENT if exc.permanence == PERMANENT else TRANSIENT
         retry_after = _seconds(getattr(exc, "retry_after", None))
-        return Failure(error_class, code, detail, retry_after, request_outcome(exc).value)
+        return Failure(permanence, code, detail, retry_after, request_outcome(exc).value)
     if isinstance(exc, UnreadableData):
         return Failure(PERMANENT, "invalid_data", one_line(str(exc)))
     if _is_template_error(exc):
@@ -110,10 +110,12 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, PayloadKeyError):
         return Failure(TRANSIENT, "payload_keys", one_line(str(exc)))
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        return Failure(TRANSIENT, TIMEOUT_CODE, "the send timed out", outcome=Outcome.TIMEOUT.value)
+        return Failure(
+            TRANSIENT, TIMEOUT_CODE, "the send timed out", outcome=RequestOutcome.TIMEOUT.value
+        )
     if isinstance(exc, ConnectionError | OSError):
         detail = f"connection failed ({type(exc).__name__})"
-        return Failure(TRANSIENT, "connection", detail, outcome=Outcome.CONNECTION.value)
+        return Failure(TRANSIENT, "connection", detail, outcome=RequestOutcome.CONNECTION.value)
     return Failure(TRANSIENT, "unexpected", f"unexpected {type(exc).__name__}")
 
 

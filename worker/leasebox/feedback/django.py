@@ -94,14 +94,14 @@ def _body(request: HttpRequest, limit: int) -> bytes:
 
 
 def _connect(using: str | None) -> psycopg.Connection[Any]:
-    from leasebox.producer.django.conf import read_settings
-    from leasebox.producer.django.schema import connection_parameters
+    from leasebox.django.conf import read_settings
+    from leasebox.django.schema import connection_parameters
 
     return psycopg.connect(**connection_parameters(using or read_settings().database))
 
 
 def _schema() -> str:
-    from leasebox.producer.django.conf import read_settings
+    from leasebox.django.conf import read_settings
 
     return read_settings().schema
 

@@ -1,9 +1,10 @@
 """Settling sent and failed messages in batches, as group commits.
 
-A send's outcome is queued here and the send's slot is free at once; one flusher task takes
-everything queued, writes it with at most one statement per outcome type (`mark_sent`,
-`schedule_retry`, `mark_dead`, `mark_suppressed`, `release_leases`, `mark_superseded`), and
-while that statement runs the next batch accumulates. Under load a statement settles dozens
+A send's `Completion` (the message and the settlement that ends its lease) is queued here
+and the send's slot is free at once; one flusher task takes everything queued, writes it
+with at most one statement per kind of settlement (`mark_sent`, `schedule_retry`,
+`mark_dead`, `mark_suppressed`, `release_leases`, `mark_superseded`), and while that
+statement runs the next batch accumulates. Under load a statement settles dozens
 of rows; when idle it settles one with no added delay.
 
 Between the two, a provider that takes a few milliseconds per message (SMTP, a mail API)
@@ -71,8 +72,8 @@ _A = TypeVar("_A", Sent, Retry, Dead, Suppressed, Release, Superseded)
 UNSTORABLE_ERROR = "the failure's description could not be stored"
 
 
-class Outcome(NamedTuple):
-    """What happened to one claimed message, waiting to be written (one per message sent)."""
+class Completion(NamedTuple):
+    """How one claimed message ended, waiting to be written (one per message sent)."""
 
     message: ClaimedMessage
     action: Settlement
@@ -82,60 +83,60 @@ class Outcome(NamedTuple):
         return self.action.lease
 
 
-def _actions(outcomes: Sequence[Outcome], kind: type[_A]) -> list[_A]:
-    return [o.action for o in outcomes if isinstance(o.action, kind)]
+def _actions(batch: Sequence[Completion], kind: type[_A]) -> list[_A]:
+    return [o.action for o in batch if isinstance(o.action, kind)]
 
 
 # The rows of a batch whose lease still matched, by id (with their latency for `sent`).
 _Matched = Mapping[int, float | None]
-# Each writer gets the connection, the outcomes, the schema, `now` and this worker's id.
+# Each writer gets the connection, the completions, the schema, `now` and this worker's id.
 _Writer = Callable[
-    [Connection, Sequence[Outcome], str, datetime | None, str | None], Awaitable[_Matched]
+    [Connection, Sequence[Completion], str, datetime | None, str | None], Awaitable[_Matched]
 ]
 
 
 async def _write_sent(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+    conn: Connection, batch: Sequence[Completion], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
-    sent = _actions(outcomes, Sent)
+    sent = _actions(batch, Sent)
     return await settling.mark_sent(conn, sent, schema=schema, now=now, worker_id=me)
 
 
 async def _write_retries(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+    conn: Connection, batch: Sequence[Completion], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
-    retries = _actions(outcomes, Retry)
+    retries = _actions(batch, Retry)
     ids = await settling.schedule_retry(conn, retries, schema=schema, now=now, worker_id=me)
     return dict.fromkeys(ids)
 
 
 async def _write_dead(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+    conn: Connection, batch: Sequence[Completion], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
-    dead = _actions(outcomes, Dead)
+    dead = _actions(batch, Dead)
     return dict.fromkeys(await settling.mark_dead(conn, dead, schema=schema, now=now, worker_id=me))
 
 
 async def _write_suppressed(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+    conn: Connection, batch: Sequence[Completion], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
-    suppressed = _actions(outcomes, Suppressed)
+    suppressed = _actions(batch, Suppressed)
     ids = await settling.mark_suppressed(conn, suppressed, schema=schema, now=now, worker_id=me)
     return dict.fromkeys(ids)
 
 
 async def _write_releases(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+    conn: Connection, batch: Sequence[Completion], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
-    leases = [o.lease for o in outcomes]
+    leases = [o.lease for o in batch]
     ids = await settling.release_leases(conn, leases, schema=schema, now=now, worker_id=me)
     return dict.fromkeys(ids)
 
 
 async def _write_superseded(
-    conn: Connection, outcomes: Sequence[Outcome], schema: str, now: datetime | None, me: str | None
+    conn: Connection, batch: Sequence[Completion], schema: str, now: datetime | None, me: str | None
 ) -> _Matched:
-    replaced = _actions(outcomes, Superseded)
+    replaced = _actions(batch, Superseded)
     ids = await settling.mark_superseded(conn, replaced, schema=schema, now=now, worker_id=me)
     return dict.fromkeys(ids)
 
@@ -184,7 +185,7 @@ class CompletionBatcher:
         self._linger = linger
         self._lingering = False
         self._gathered = asyncio.Event()
-        self._queue: list[Outcome] = []
+        self._queue: list[Completion] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -193,9 +194,9 @@ class CompletionBatcher:
         self.write_failures = 0
         self.given_up = 0
 
-    def put(self, outcome: Outcome) -> None:
+    def put(self, completion: Completion) -> None:
         queue = self._queue
-        queue.append(outcome)
+        queue.append(completion)
         if len(queue) == 1:  # the first of a batch: the flusher may be waiting for it
             self._idle.clear()
             self._ready.set()
@@ -278,37 +279,37 @@ class CompletionBatcher:
                 continue
 
     async def _write_batch(
-        self, batch: list[Outcome]
-    ) -> tuple[BaseException, list[Outcome]] | None:
+        self, batch: list[Completion]
+    ) -> tuple[BaseException, list[Completion]] | None:
         """Write `batch`; None when done, else the outage and the outcomes still to write."""
-        groups: dict[type[Settlement], list[Outcome]] = {}
-        for outcome in batch:
-            groups.setdefault(type(outcome.action), []).append(outcome)
+        groups: dict[type[Settlement], list[Completion]] = {}
+        for completion in batch:
+            groups.setdefault(type(completion.action), []).append(completion)
         try:
             async with asyncio.timeout(self._timeout):
                 await self._write(groups)
         except DATABASE_ERRORS as exc:
-            return exc, [o for outcomes in groups.values() for o in outcomes]
+            return exc, [o for completions in groups.values() for o in completions]
         except Exception as exc:  # one outcome the database refuses must not stop the others
-            left = [o for outcomes in groups.values() for o in outcomes]
+            left = [o for completions in groups.values() for o in completions]
             return await self._write_one_by_one(left, exc)
         return None
 
     async def _write_one_by_one(
-        self, outcomes: list[Outcome], cause: BaseException
-    ) -> tuple[BaseException, list[Outcome]] | None:
+        self, completions: list[Completion], cause: BaseException
+    ) -> tuple[BaseException, list[Completion]] | None:
         log.warning(
             "a batch of %d outcomes was refused (%s); recording them one by one",
-            len(outcomes),
+            len(completions),
             type(cause).__name__,
         )
-        for i, outcome in enumerate(outcomes):
-            for attempt in (outcome, _without_provider_text(outcome)):
+        for i, completion in enumerate(completions):
+            for attempt in (completion, _without_provider_text(completion)):
                 try:
                     async with asyncio.timeout(self._timeout):
                         await self._write({type(attempt.action): [attempt]})
                 except DATABASE_ERRORS as exc:
-                    return exc, [attempt, *outcomes[i + 1 :]]
+                    return exc, [attempt, *completions[i + 1 :]]
                 except Exception as exc:  # this outcome, as given, cannot be stored
                     log.error(
                         "the database refused the outcome (%s) of this message (%s)",
@@ -322,40 +323,40 @@ class CompletionBatcher:
                 log.error(
                     "the outcome of this message cannot be recorded; its lease will expire "
                     "and another attempt follows",
-                    extra=message_fields(outcome.message),
+                    extra=message_fields(completion.message),
                 )
-                self._on_settled(outcome.message.id)
+                self._on_settled(completion.message.id)
         return None
 
-    def _deadline_of(self, outcome: Outcome) -> float:
-        deadline = self._lease_deadline(outcome.message.id)
+    def _deadline_of(self, completion: Completion) -> float:
+        deadline = self._lease_deadline(completion.message.id)
         return float("-inf") if deadline is None else deadline
 
-    def _out_of_lease(self) -> list[Outcome]:
+    def _out_of_lease(self) -> list[Completion]:
         now = time.monotonic()
         return [o for o in self._queue if self._deadline_of(o) <= now]
 
-    def _give_up(self, outcomes: list[Outcome]) -> None:
+    def _give_up(self, completions: list[Completion]) -> None:
         """Drop outcomes whose lease ran out while the database was away."""
-        if not outcomes:
+        if not completions:
             return
-        sent = sum(isinstance(o.action, Sent) for o in outcomes)
+        sent = sum(isinstance(o.action, Sent) for o in completions)
         log.error(
             "%d outcomes were not recorded before their leases ran out (%d of them sent); "
             "their rows return to whichever worker reclaims them",
-            len(outcomes),
+            len(completions),
             sent,
-            extra={"count": len(outcomes)},
+            extra={"count": len(completions)},
         )
-        dropped = {id(o) for o in outcomes}
+        dropped = {id(o) for o in completions}
         self._queue = [o for o in self._queue if id(o) not in dropped]
-        self.given_up += len(outcomes)
-        for outcome in outcomes:
-            self._on_settled(outcome.message.id)
+        self.given_up += len(completions)
+        for completion in completions:
+            self._on_settled(completion.message.id)
         if not self._queue:
             self._idle.set()
 
-    async def _write(self, groups: dict[type[Settlement], list[Outcome]]) -> None:
+    async def _write(self, groups: dict[type[Settlement], list[Completion]]) -> None:
         """One statement per outcome type; a group written is removed from `groups`."""
         self._metrics.flush()
         async with self._pool.connection() as conn:
@@ -364,25 +365,30 @@ class CompletionBatcher:
                 matched = await write(
                     conn, groups[kind], self._schema, self._clock(), self._worker_id
                 )
-                outcomes = groups.pop(kind)
+                completions = groups.pop(kind)
                 if kind is Sent:
-                    self._sent(outcomes, matched)
+                    self._sent(completions, matched)
                     continue
                 recorded = self._RECORDED[kind]
-                for outcome in outcomes:
-                    if outcome.message.id in matched:
-                        recorded(self, outcome.message, outcome.action, matched[outcome.message.id])
+                for completion in completions:
+                    if completion.message.id in matched:
+                        recorded(
+                            self,
+                            completion.message,
+                            completion.action,
+                            matched[completion.message.id],
+                        )
                     elif kind is not Release:
-                        self._lost(outcome, kind.__name__.lower())
-                    self._on_settled(outcome.message.id)
+                        self._lost(completion, kind.__name__.lower())
+                    self._on_settled(completion.message.id)
 
-    def _sent(self, outcomes: Sequence[Outcome], matched: _Matched) -> None:
+    def _sent(self, completions: Sequence[Completion], matched: _Matched) -> None:
         """Count a batch of sent rows per kind (one `inc`, one bulk observe), mark lost leases."""
         latencies: dict[str, list[float]] = {}
         debug = log.isEnabledFor(logging.DEBUG)
         settled = self._on_settled
-        for outcome in outcomes:
-            message = outcome.message
+        for completion in completions:
+            message = completion.message
             if message.id in matched:
                 latency = matched[message.id]
                 latencies.setdefault(message.kind, []).append(max(latency or 0.0, 0.0))
@@ -392,12 +398,12 @@ class CompletionBatcher:
                         extra={
                             **message_fields(message),
                             "provider_message_id": getattr(
-                                outcome.action, "provider_message_id", None
+                                completion.action, "provider_message_id", None
                             ),
                         },
                     )
             else:
-                self._lost(outcome, "sent")
+                self._lost(completion, "sent")
             settled(message.id)
         for kind, values in latencies.items():
             self._metrics.sent_rows(kind, values)
@@ -454,30 +460,32 @@ class CompletionBatcher:
         Superseded: _superseded,
     }
 
-    def _lost(self, outcome: Outcome, what: str) -> None:
-        self._metrics.kind(outcome.message.kind).lease_lost.inc()
+    def _lost(self, completion: Completion, what: str) -> None:
+        self._metrics.kind(completion.message.kind).lease_lost.inc()
         log.warning(
             "lease lost before the outcome (%s) was recorded; another worker owns the row",
             what,
-            extra=message_fields(outcome.message),
+            extra=message_fields(completion.message),
         )
 
 
-def _without_provider_text(outcome: Outcome) -> Outcome:
+def _without_provider_text(completion: Completion) -> Completion:
     """The outcome with nothing that came from the provider: what the database can take."""
-    action = outcome.action
+    action = completion.action
     if isinstance(action, Sent):
-        return Outcome(outcome.message, Sent(action.lease, None))
+        return Completion(completion.message, Sent(action.lease, None))
     if isinstance(action, Retry):
-        return Outcome(
-            outcome.message,
+        return Completion(
+            completion.message,
             Retry(action.lease, action.delay_seconds, UNSTORABLE_ERROR, "unstorable"),
         )
     if isinstance(action, Dead):
-        return Outcome(outcome.message, Dead(action.lease, action.reason, UNSTORABLE_ERROR, None))
+        return Completion(
+            completion.message, Dead(action.lease, action.reason, UNSTORABLE_ERROR, None)
+        )
     if isinstance(action, Suppressed):
-        return Outcome(
-            outcome.message,
+        return Completion(
+            completion.message,
             Suppressed(action.lease, UNSTORABLE_ERROR, action.error_class, action.expiry_seconds),
         )
-    return outcome
+    return completion

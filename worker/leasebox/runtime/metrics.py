@@ -68,8 +68,8 @@ METRIC_NAMES = (
 NOT_READY_CAUSES = ("provider_start", "payload_keys")
 # The `source` of a message suppressed when claimed (the provider's code when it refused it).
 SUPPRESSION_LIST = "suppression_list"
-# The `outcome` label of the provider metrics (`delivery.providers.base.Outcome`), listed here
-# so that this module needs nothing from delivery.
+# The `outcome` label of the provider metrics (`delivery.providers.base.RequestOutcome`),
+# listed here so that this module needs nothing from delivery.
 PROVIDER_OUTCOMES = (
     "accepted",
     "rejected",

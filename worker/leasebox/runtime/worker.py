@@ -41,11 +41,11 @@ from leasebox.delivery.boundary import Accepted, send_once
 from leasebox.delivery.providers.base import (
     Email,
     Provider,
+    RequestOutcome,
     idempotency,
     new_email,
     reads_content,
 )
-from leasebox.delivery.providers.base import Outcome as RequestOutcome
 from leasebox.delivery.rendering import RenderedEmail
 from leasebox.delivery.retrying import (
     AMBIGUOUS_CODE,
@@ -60,7 +60,7 @@ from leasebox.delivery.retrying import (
 from leasebox.errors import PERMANENT, TRANSIENT, AmbiguousProviderError, MissingPayloadKeys
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, PayloadCipher, default_cipher
 from leasebox.runtime import leases, upkeep
-from leasebox.runtime.completion import CompletionBatcher, Outcome
+from leasebox.runtime.completion import Completion, CompletionBatcher
 from leasebox.runtime.dispatching import ReadyRows
 from leasebox.runtime.event_loops import running_loop_name
 from leasebox.runtime.leases import Held
@@ -352,7 +352,7 @@ class Worker:
     ) -> None:
         self._stop.set()
         for held in self._ready.drain():
-            self._outcome(held, Release(held.lease))
+            self._complete(held, Release(held.lease))
         self._ready.close()
         grace = self.settings.grace_seconds
         if any(not t.done() for t in senders):
@@ -545,12 +545,12 @@ class Worker:
             for waiter in waiters:
                 waiter.cancel()
 
-    def _outcome(self, held: Held, action: Settlement) -> None:
-        """Hand a held row's outcome to the batcher; its send slot is free from now on."""
+    def _complete(self, held: Held, action: Settlement) -> None:
+        """Hand a held row's completion to the batcher; its send slot is free from now on."""
         self._settling += 1
         if self._tracing is not None:
             self._tracing.settling(held.message.id, type(action).__name__.lower())
-        self._completions.put(Outcome(held.message, action))
+        self._completions.put(Completion(held.message, action))
         self._room.set()
 
     def _settled(self, outbox_id: int) -> None:
@@ -589,10 +589,10 @@ class Worker:
         if self._stop.is_set() or held.lost or time.monotonic() >= held.deadline:
             if not self._stop.is_set():
                 log.warning("lease ran out before the send started", extra=message_fields(message))
-            self._outcome(held, Release(held.lease))
+            self._complete(held, Release(held.lease))
             return
         if message.expires_at is not None and self._expired(held):
-            self._outcome(
+            self._complete(
                 held,
                 Dead(held.lease, DeadReason.EXPIRED, "expired before it could be sent", "expired"),
             )
@@ -625,7 +625,7 @@ class Worker:
         metrics.sending += 1
         started = time.monotonic()
         try:
-            outcome = await send_once(self._provider, email)
+            result = await send_once(self._provider, email)
         except asyncio.CancelledError:
             # Cut short by a stop. Before the provider's last check nothing went out: the
             # attempt is given back. From then on the message may have reached the provider,
@@ -636,37 +636,37 @@ class Worker:
                 self._failed(held, _CUT_SHORT)
             else:
                 metrics.record_send(message.kind, self._provider_name, None, elapsed)
-                self._outcome(held, Release(held.lease))
+                self._complete(held, Release(held.lease))
             raise
         finally:
             metrics.sending -= 1
         elapsed = time.monotonic() - started
         if tracing is not None:
-            if isinstance(outcome, Accepted):
+            if isinstance(result, Accepted):
                 tracing.sent(
-                    message.id, step_started, provider_message_id=outcome.provider_message_id
+                    message.id, step_started, provider_message_id=result.provider_message_id
                 )
             else:
-                tracing.sent(message.id, step_started, failure=outcome.code)
-        if isinstance(outcome, Accepted):
-            metrics.record_send(message.kind, self._provider_name, outcome.outcome, elapsed)
-            for warning in outcome.warnings:
+                tracing.sent(message.id, step_started, failure=result.code)
+        if isinstance(result, Accepted):
+            metrics.record_send(message.kind, self._provider_name, result.outcome, elapsed)
+            for warning in result.warnings:
                 log.warning("accepted, but %s", warning, extra=message_fields(message))
-            self._outcome(held, Sent(held.lease, outcome.provider_message_id))
+            self._complete(held, Sent(held.lease, result.provider_message_id))
             return
         # A send stopped as expired or superseded before it reached the wire made no request.
         replaced = held.superseded_by
-        made = None if outcome.code == EXPIRED_CODE or replaced is not None else outcome.outcome
+        made = None if result.code == EXPIRED_CODE or replaced is not None else result.outcome
         metrics.record_send(message.kind, self._provider_name, made, elapsed)
-        if self.quota is not None and outcome.outcome == _THROTTLED:
-            pause = outcome.retry_after or retry_delay(
-                outcome, 1, base=self.settings.backoff_base, cap=self.settings.backoff_max
+        if self.quota is not None and result.outcome == _THROTTLED:
+            pause = result.retry_after or retry_delay(
+                result, 1, base=self.settings.backoff_base, cap=self.settings.backoff_max
             )
             self.quota.pause(pause)
         if replaced is not None:
-            self._outcome(held, Superseded(held.lease, replaced))
+            self._complete(held, Superseded(held.lease, replaced))
             return
-        self._failed(held, outcome)
+        self._failed(held, result)
 
     def _keys_missing(self, held: Held) -> None:
         """A message with encrypted secrets and no keys to open them: the worker's fault, not
@@ -683,7 +683,7 @@ class Worker:
                 f"payload keys: messages have encrypted secrets and {KEYS_VARIABLE} is not "
                 "set; claiming nothing until the worker is restarted with the keys",
             )
-        self._outcome(held, Release(held.lease))
+        self._complete(held, Release(held.lease))
 
     async def _quota_token(self, held: Held, quota: QuotaGate) -> bool:
         """Wait for a token of the account's quota; False when the row was settled instead:
@@ -693,11 +693,11 @@ class Worker:
             allowed = await quota.take(held.message.expires_at)
         except (*DATABASE_ERRORS, TimeoutError) as exc:
             self._database_failed("quota reservation", exc, 1)
-            self._outcome(held, Release(held.lease))
+            self._complete(held, Release(held.lease))
             return False
         if not allowed or self._expired(held):
             reason = "its quota token would come only after its expiry: not sent"
-            self._outcome(held, Dead(held.lease, DeadReason.EXPIRED, reason, "expired"))
+            self._complete(held, Dead(held.lease, DeadReason.EXPIRED, reason, "expired"))
             return False
         return True
 
@@ -712,7 +712,7 @@ class Worker:
             return True
         if newer is None:
             return False
-        self._outcome(held, Superseded(held.lease, newer))
+        self._complete(held, Superseded(held.lease, newer))
         return True
 
     async def _newer(self, held: Held) -> int | None:
@@ -796,7 +796,7 @@ class Worker:
             action = Dead(held.lease, DeadReason.ATTEMPTS_EXHAUSTED, failure.detail, failure.code)
         else:
             action = Dead(held.lease, failure.dead_reason, failure.detail, failure.code)
-        self._outcome(held, action)
+        self._complete(held, action)
 
     # -- leases, sweeps and wake-ups ---------------------------------------------------------
 

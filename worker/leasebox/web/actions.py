@@ -28,7 +28,8 @@ from leasebox.store.dead_letters import (
 )
 from leasebox.web.reading import FILTER_FIELDS, WEB_SQL, dead_letter_query
 
-Outcome = Literal["done", "refused", "failed"]
+# What an action came to: the audit trail's `outcome` column.
+ActionResult = Literal["done", "refused", "failed"]
 Connection = psycopg.Connection[Any]
 Form = Mapping[str, str]
 
@@ -139,7 +140,7 @@ def record(
     *,
     actor: str,
     action: str,
-    outcome: Outcome,
+    outcome: ActionResult,
     selection: Mapping[str, str],
     affected: int = 0,
     detail: str | None = None,

@@ -246,7 +246,9 @@ class WebApp:
         selection = {k: v for k, v in form.items() if k in action.fields and v}
         schema = self.settings.schema
 
-        def audited(outcome: actions.Outcome, affected: int = 0, detail: str | None = None) -> Any:
+        def audited(
+            outcome: actions.ActionResult, affected: int = 0, detail: str | None = None
+        ) -> Any:
             return lambda conn: actions.record(
                 conn,
                 actor=viewer.name,

@@ -1,7 +1,7 @@
 """The contract between the worker and a mail provider, and the helpers every provider shares.
 
 The worker knows nothing about SMTP or HTTP: it hands an `Email` to a `Provider` and learns
-either a `SendResult` or a `ProviderError` whose `error_class` decides between a retry with
+either a `SendResult` or a `ProviderError` whose `permanence` decides between a retry with
 backoff (`transient`) and a dead letter (`permanent`). Error messages end up in logs and in the
 outbox's `last_error`, so everything here that builds one keeps bodies, codes, passwords and
 full recipient addresses out of it.
@@ -255,7 +255,7 @@ def one_line(text: str, *, hide: Iterable[str] = (), limit: int = MAX_ERROR_LENG
     return flat
 
 
-class Outcome(StrEnum):
+class RequestOutcome(StrEnum):
     """What one provider request amounted to: the `outcome` label of the provider metrics.
 
     Few on purpose, so that a dashboard can tell an outage (`unavailable`, `timeout`,
@@ -276,7 +276,7 @@ class Outcome(StrEnum):
 _STATUS_SUFFIX = re.compile(r"_(\d{3})$")
 
 
-def request_outcome(exc: BaseException | None) -> Outcome:
+def request_outcome(exc: BaseException | None) -> RequestOutcome:
     """The outcome of a send that returned (None) or raised `exc`.
 
     A `ProviderError` that names its outcome is taken at its word; otherwise the outcome is
@@ -285,38 +285,38 @@ def request_outcome(exc: BaseException | None) -> Outcome:
     counted too.
     """
     if exc is None:
-        return Outcome.ACCEPTED
+        return RequestOutcome.ACCEPTED
     if isinstance(exc, ProviderError):
         named = getattr(exc, "outcome", None)
-        if isinstance(named, str) and named in Outcome._value2member_map_:
-            return Outcome(named)
+        if isinstance(named, str) and named in RequestOutcome._value2member_map_:
+            return RequestOutcome(named)
         code = getattr(exc, "code", None)
-        return _outcome_from_code(code if isinstance(code, str) else "", exc.error_class)
+        return _outcome_from_code(code if isinstance(code, str) else "", exc.permanence)
     if isinstance(exc, TimeoutError):
-        return Outcome.TIMEOUT
+        return RequestOutcome.TIMEOUT
     if isinstance(exc, OSError):
-        return Outcome.CONNECTION
-    return Outcome.ERROR
+        return RequestOutcome.CONNECTION
+    return RequestOutcome.ERROR
 
 
-def _outcome_from_code(code: str, error_class: object) -> Outcome:
+def _outcome_from_code(code: str, permanence: object) -> RequestOutcome:
     if code in ("timeout", "pool_timeout"):
-        return Outcome.TIMEOUT
+        return RequestOutcome.TIMEOUT
     if code in ("connection", "tls", "ambiguous"):
-        return Outcome.CONNECTION
+        return RequestOutcome.CONNECTION
     if code.endswith("_auth"):
-        return Outcome.ACCOUNT
+        return RequestOutcome.ACCOUNT
     status = _STATUS_SUFFIX.search(code)
     number = int(status.group(1)) if status else 0
     if number == 429:
-        return Outcome.THROTTLED
+        return RequestOutcome.THROTTLED
     if code.startswith("http_") and number in (401, 403):
-        return Outcome.ACCOUNT
+        return RequestOutcome.ACCOUNT
     if number == 421 or (code.startswith("http_") and number >= 500):
-        return Outcome.UNAVAILABLE
-    if error_class == PERMANENT:
-        return Outcome.REJECTED
-    return Outcome.ERROR
+        return RequestOutcome.UNAVAILABLE
+    if permanence == PERMANENT:
+        return RequestOutcome.REJECTED
+    return RequestOutcome.ERROR
 
 
 def idempotency(provider: Provider) -> str:

@@ -32,7 +32,7 @@ import aiohttp
 
 from leasebox.delivery.providers.base import (
     Email,
-    Outcome,
+    RequestOutcome,
     SendResult,
     parse_retry_after,
 )
@@ -211,7 +211,7 @@ def status_error(
     *,
     code: str | None = None,
     permanent: bool | None = None,
-    outcome: Outcome | None = None,
+    outcome: RequestOutcome | None = None,
     retry_after: float | None = None,
     note: str | None = None,
 ) -> ProviderError:
@@ -224,17 +224,17 @@ def status_error(
     status = answer.status
     if outcome is None:
         if status == 429:
-            outcome = Outcome.THROTTLED
+            outcome = RequestOutcome.THROTTLED
         elif status in (401, 403):
-            outcome = Outcome.ACCOUNT
+            outcome = RequestOutcome.ACCOUNT
         elif status >= 500:
-            outcome = Outcome.UNAVAILABLE
+            outcome = RequestOutcome.UNAVAILABLE
         elif status == 408:
-            outcome = Outcome.TIMEOUT
+            outcome = RequestOutcome.TIMEOUT
         else:
-            outcome = Outcome.REJECTED
+            outcome = RequestOutcome.REJECTED
     if permanent is None:
-        permanent = outcome is Outcome.REJECTED
+        permanent = outcome is RequestOutcome.REJECTED
     label = f"{service}_{code or status}"
     detail = f"{service} answered HTTP {status}" + (f" ({code})" if code else "")
     if note:
@@ -312,7 +312,7 @@ class MailApiProvider:
             raise TransientProviderError(
                 "timeout",
                 f"{self.name} did not answer within {self.settings.timeout:g}s",
-                outcome=Outcome.TIMEOUT.value,
+                outcome=RequestOutcome.TIMEOUT.value,
             ) from None
         except aiohttp.ClientError as exc:
             reason = (
@@ -323,7 +323,7 @@ class MailApiProvider:
             raise TransientProviderError(
                 "connection",
                 f"cannot reach {self.name} at {_host(target)}: {reason}",
-                outcome=Outcome.CONNECTION.value,
+                outcome=RequestOutcome.CONNECTION.value,
             ) from None
         if not self.accepted(answer):
             raise self.classify(answer)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import re
 
-from leasebox.delivery.providers.base import Email, Outcome, key_digest
+from leasebox.delivery.providers.base import Email, RequestOutcome, key_digest
 from leasebox.delivery.providers.mail_api import (
     KEY_HEADER,
     ApiAnswer,
@@ -65,7 +65,7 @@ class MailgunProvider(MailApiProvider):
 
     def classify(self, answer: ApiAnswer) -> ProviderError:
         if answer.status == 404:
-            return status_error(self.name, answer, permanent=False, outcome=Outcome.ACCOUNT)
+            return status_error(self.name, answer, permanent=False, outcome=RequestOutcome.ACCOUNT)
         return status_error(self.name, answer)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from leasebox.delivery.providers.base import Email, Outcome, key_digest
+from leasebox.delivery.providers.base import Email, RequestOutcome, key_digest
 from leasebox.delivery.providers.mail_api import (
     KEY_HEADER,
     ApiAnswer,
@@ -80,15 +80,15 @@ class PostmarkProvider(MailApiProvider):
         code = _error_code(answer)
         label = str(code) if code in KNOWN else None
         if code in REJECTING:
-            return status_error(self.name, answer, code=label, outcome=Outcome.REJECTED)
+            return status_error(self.name, answer, code=label, outcome=RequestOutcome.REJECTED)
         if code in ACCOUNT:
             return status_error(
-                self.name, answer, code=label, permanent=False, outcome=Outcome.ACCOUNT
+                self.name, answer, code=label, permanent=False, outcome=RequestOutcome.ACCOUNT
             )
         if code == 429:
-            return status_error(self.name, answer, code=label, outcome=Outcome.THROTTLED)
+            return status_error(self.name, answer, code=label, outcome=RequestOutcome.THROTTLED)
         if code == 100:  # maintenance
-            return status_error(self.name, answer, code=label, outcome=Outcome.UNAVAILABLE)
+            return status_error(self.name, answer, code=label, outcome=RequestOutcome.UNAVAILABLE)
         return status_error(self.name, answer)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from leasebox.delivery.providers.base import Email, Outcome, key_digest
+from leasebox.delivery.providers.base import Email, RequestOutcome, key_digest
 from leasebox.delivery.providers.mail_api import (
     KEY_HEADER,
     ApiAnswer,
@@ -101,7 +101,7 @@ class ResendProvider(MailApiProvider):
         name = raw if raw in NAMES else None
         if name == "concurrent_idempotent_requests":
             return status_error(
-                self.name, answer, code=name, permanent=False, outcome=Outcome.ERROR
+                self.name, answer, code=name, permanent=False, outcome=RequestOutcome.ERROR
             )
         if name == "invalid_idempotent_request":
             return status_error(
@@ -109,12 +109,12 @@ class ResendProvider(MailApiProvider):
                 answer,
                 code=name,
                 permanent=True,
-                outcome=Outcome.REJECTED,
+                outcome=RequestOutcome.REJECTED,
                 note="Resend already took a different request under this delivery key",
             )
         if name in ACCOUNT or answer.status in (401, 403):
             return status_error(
-                self.name, answer, code=name, permanent=False, outcome=Outcome.ACCOUNT
+                self.name, answer, code=name, permanent=False, outcome=RequestOutcome.ACCOUNT
             )
         return status_error(self.name, answer, code=name)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from leasebox.delivery.providers.base import (
     Email,
-    Outcome,
+    RequestOutcome,
     SendResult,
     key_digest,
     parse_retry_after,
@@ -106,18 +106,18 @@ def client_error(exc: Any) -> ProviderError:
     label = f"ses_{_snake(known)}" if known else f"ses_{status or 'error'}"
     detail = f"SES answered HTTP {status}" + (f" ({known})" if known else "")
     if known in REJECTING:
-        return PermanentProviderError(label, detail, outcome=Outcome.REJECTED.value)
+        return PermanentProviderError(label, detail, outcome=RequestOutcome.REJECTED.value)
     if known in THROTTLING or status == 429:
         return TransientProviderError(
-            label, detail, retry_after=retry_after, outcome=Outcome.THROTTLED.value
+            label, detail, retry_after=retry_after, outcome=RequestOutcome.THROTTLED.value
         )
     if known in ACCOUNT or status in (401, 403):
-        return TransientProviderError(label, detail, outcome=Outcome.ACCOUNT.value)
+        return TransientProviderError(label, detail, outcome=RequestOutcome.ACCOUNT.value)
     if status >= 500 or status == 0:
         return TransientProviderError(
-            label, detail, retry_after=retry_after, outcome=Outcome.UNAVAILABLE.value
+            label, detail, retry_after=retry_after, outcome=RequestOutcome.UNAVAILABLE.value
         )
-    return PermanentProviderError(label, detail, outcome=Outcome.REJECTED.value)
+    return PermanentProviderError(label, detail, outcome=RequestOutcome.REJECTED.value)
 
 
 def sdk_error(exc: BaseException, region: str) -> ProviderError:
@@ -128,24 +128,28 @@ def sdk_error(exc: BaseException, region: str) -> ProviderError:
         return client_error(exc)
     if isinstance(exc, boto.ConnectTimeoutError | boto.ReadTimeoutError | TimeoutError):
         return TransientProviderError(
-            "timeout", f"SES in {region} did not answer in time", outcome=Outcome.TIMEOUT.value
+            "timeout",
+            f"SES in {region} did not answer in time",
+            outcome=RequestOutcome.TIMEOUT.value,
         )
     if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
         return TransientProviderError(
             "ses_credentials",
             "no AWS credentials found (environment, shared file, web identity or role)",
-            outcome=Outcome.ACCOUNT.value,
+            outcome=RequestOutcome.ACCOUNT.value,
         )
     if isinstance(exc, boto.CredentialRetrievalError):
         return TransientProviderError(
-            "ses_credentials", "AWS credentials could not be fetched", outcome=Outcome.ACCOUNT.value
+            "ses_credentials",
+            "AWS credentials could not be fetched",
+            outcome=RequestOutcome.ACCOUNT.value,
         )
     if isinstance(exc, boto.EndpointConnectionError | boto.ConnectionClosedError | OSError):
         return TransientProviderError(
-            "connection", f"cannot reach SES in {region}", outcome=Outcome.CONNECTION.value
+            "connection", f"cannot reach SES in {region}", outcome=RequestOutcome.CONNECTION.value
         )
     return TransientProviderError(
-        "ses_sdk", f"the AWS SDK failed: {type(exc).__name__}", outcome=Outcome.ERROR.value
+        "ses_sdk", f"the AWS SDK failed: {type(exc).__name__}", outcome=RequestOutcome.ERROR.value
     )
 
 

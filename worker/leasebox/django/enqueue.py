@@ -15,9 +15,9 @@ from django.db import connections
 from django.db.transaction import TransactionManagementError
 
 from leasebox.catalogue import Catalogue
+from leasebox.django.conf import read_settings
 from leasebox.errors import ConfigurationError
 from leasebox.messages import OutboxMessage, Receipt
-from leasebox.producer.django.conf import read_settings
 from leasebox.producer.enqueue import plan_enqueue
 from leasebox.producer.guard import AbuseGuard
 from leasebox.producer.payload_crypto import PayloadCipher

@@ -1,4 +1,4 @@
-"""Bring leasebox's tables to its ninth SQL migration (`0009_one_index_for_the_claim`).
+"""Bring leasebox's tables to its second SQL migration (`0002_guarded_receipts`).
 
 Like every Django migration of this app it applies whatever leasebox SQL migrations are
 missing, on a connection of its own; one ships with each leasebox migration so that
@@ -12,16 +12,16 @@ from typing import Any
 from django.db import migrations
 
 # The last leasebox SQL migration this Django migration brings the schema to.
-LEASEBOX_VERSION = 9
+LEASEBOX_VERSION = 2
 
 
 def forwards(apps: Any, schema_editor: Any) -> None:
-    from leasebox.producer.django.schema import apply_schema
+    from leasebox.django.schema import apply_schema
 
     apply_schema(schema_editor.connection.alias)
 
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = [("leasebox", "0008_leasebox_schema")]
+    dependencies = [("leasebox", "0001_leasebox_schema")]
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop, elidable=False)]

@@ -16,7 +16,7 @@ LEASEBOX_VERSION = 3
 
 
 def forwards(apps: Any, schema_editor: Any) -> None:
-    from leasebox.producer.django.schema import apply_schema
+    from leasebox.django.schema import apply_schema
 
     apply_schema(schema_editor.connection.alias)
 

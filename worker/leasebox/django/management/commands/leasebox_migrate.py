@@ -12,8 +12,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from leasebox.django.schema import apply_schema
 from leasebox.errors import LeaseboxError
-from leasebox.producer.django.schema import apply_schema
 
 
 class Command(BaseCommand):

@@ -13,8 +13,8 @@ import psycopg
 from django.db import connections
 
 from leasebox.db.migrations import Migration, migrate
+from leasebox.django.conf import read_settings
 from leasebox.errors import ConfigurationError
-from leasebox.producer.django.conf import read_settings
 
 
 def connection_parameters(alias: str) -> dict[str, Any]:
