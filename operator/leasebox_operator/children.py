@@ -17,7 +17,6 @@ from typing import Any
 
 from leasebox import config
 from leasebox_operator import alerts
-from leasebox_operator.kubetypes import dump
 from leasebox_operator.models import (
     DSN_VARIABLE,
     MAX_NAME_LENGTH,
@@ -27,6 +26,7 @@ from leasebox_operator.models import (
     PoolSpec,
     SecretKeyRef,
 )
+from leasebox_operator.pod_fields import dump
 
 __all__ = ["MAX_NAME_LENGTH", "TEMPLATES_DIR"]
 

@@ -18,8 +18,8 @@ from leasebox import config
 from leasebox.db.connections import DSN_VARIABLES
 from leasebox.messages import KIND_PATTERN
 from leasebox.producer.payload_crypto import KEYS_VARIABLE
-from leasebox_operator.kubetypes import EnvFromSource, EnvVar, PodTemplate, VolumeMount
-from leasebox_operator.modelling import CelRule, Model, Quantity, ResourceName, cel
+from leasebox_operator.model_base import CelRule, Model, Quantity, ResourceName, cel
+from leasebox_operator.pod_fields import EnvFromSource, EnvVar, PodTemplate, VolumeMount
 
 GROUP = "leasebox.dev"
 VERSION = "v1alpha1"
@@ -506,8 +506,8 @@ class PoolStatus(Model):
 
 def cel_rules() -> dict[str, tuple[CelRule, ...]]:
     """Every cross-field rule by the model that declares it (tests check the CRD has them)."""
-    from leasebox_operator import kubetypes
+    from leasebox_operator import pod_fields
 
     models: list[type[Model]] = [PoolSpec, ScalingSpec, WorkerSpec, QuotaSpec]
-    models += [kubetypes.EnvVarSource, kubetypes.Volume]
+    models += [pod_fields.EnvVarSource, pod_fields.Volume]
     return {"OutboxWorkerPool": POOL_RULES} | {m.__name__: m.cel_rules for m in models}

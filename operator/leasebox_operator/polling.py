@@ -92,10 +92,10 @@ def rate_window(poll_interval_seconds: float) -> float:
     return min(60.0, max(5.0, 3 * poll_interval_seconds))
 
 
-def scaling_spec(spec: PoolSpec) -> scaling.ScalingSpec:
+def policy_config(spec: PoolSpec) -> scaling.PolicyConfig:
     """The policy's view of a pool spec."""
     s = spec.scaling
-    return scaling.ScalingSpec(
+    return scaling.PolicyConfig(
         min_replicas=s.min_replicas,
         max_replicas=s.max_replicas,
         sla_seconds=float(spec.sla.oldest_pending_age_seconds),
@@ -280,7 +280,7 @@ class PoolPoller:
             replicas=current,
             ready_replicas=min(deployment.ready_replicas, current),
         )
-        decision = scaling.decide(observation, scaling_spec(spec), self.policy)
+        decision = scaling.decide(observation, policy_config(spec), self.policy)
         self.policy = decision.state
         if spec.scaling.mode == "Operator":
             return decision.replicas, decision.reason, decision.limited, decision.quota
