@@ -26,7 +26,7 @@ from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
 from leasebox_operator.errors import PoolProblem
 from leasebox_operator.kube import Kube, PoolKubeAdapter
 from leasebox_operator.metrics import OperatorMetrics
-from leasebox_operator.models import GROUP, PLURAL, VERSION
+from leasebox_operator.models import GROUP, PLURAL, VERSION, PoolStatus
 from leasebox_operator.polling import PoolPoller, backoff_delay
 from leasebox_operator.settings import OperatorSettings
 from leasebox_operator.status import StatusWriter
@@ -139,7 +139,7 @@ async def _report(
     before = writer.problems.get("spec")
     part = None if problem is None else (problem.reason, problem.message)
     await writer.write(
-        {"observedGeneration": generation}, generation=generation, problems={"spec": part}
+        PoolStatus(observed_generation=generation), generation=generation, problems={"spec": part}
     )
     if problem is not None and part != before:
         await runtime.kube().post_event(body, "Warning", problem.reason, problem.message)
@@ -157,7 +157,7 @@ async def _reconcile(runtime: Runtime, body: kopf.Body, pool: Pool, writer: Stat
         await kube.post_event(body, "Normal", "Reconciled", applied.summary())
     for warning in applied.warnings:
         await kube.post_event(body, "Warning", "MonitoringUnavailable", warning)
-    await writer.write({"selector": selector(pool), "kinds": ", ".join(pool.spec.kinds)})
+    await writer.write(PoolStatus(selector=selector(pool), kinds=", ".join(pool.spec.kinds)))
 
 
 @kopf.on.resume(*RESOURCE)
