@@ -4,7 +4,7 @@ A table written by hand drifts from the options the code takes; these are render
 declarations the code itself reads, and a test (`tests/unit/test_generated_docs.py`) fails
 when a file differs from what this renders:
 
-- the worker's settings, from `leasebox.runtime.options.OPTIONS` (what builds the flags);
+- the worker's settings, from `leasebox.config.OPTIONS` (what builds the flags);
 - every provider URL option, from each provider's `UrlOption`s (what each one accepts);
 - the built-in templates' variables, from `leasebox.catalogue` (what `enqueue` checks);
 - `charts/leasebox/README.md`, from the `# --` comments of `values.yaml` (`tools.chart_docs`).
@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from leasebox.catalogue import BUILTIN_TEMPLATES, BUILTIN_VARIABLES
+from leasebox.config import OPTIONS, Option, Style
 from leasebox.delivery.providers.registry import url_options
-from leasebox.runtime.options import OPTIONS, Option, Style
 from tools.chart_docs import chart_readme
 
 ROOT = Path(__file__).resolve().parents[1]

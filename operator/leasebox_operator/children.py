@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from leasebox.runtime import options
-from leasebox.runtime.options import environment
+from leasebox import config
 from leasebox_operator import alerts
-from leasebox_operator.kubetypes import dump
 from leasebox_operator.models import (
     DSN_VARIABLE,
     MAX_NAME_LENGTH,
@@ -28,10 +26,12 @@ from leasebox_operator.models import (
     PoolSpec,
     SecretKeyRef,
 )
+from leasebox_operator.pod_fields import dump
 
 __all__ = ["MAX_NAME_LENGTH", "TEMPLATES_DIR"]
 
-WORKER_METRICS_PORT = 9108
+# The workers serve /metrics and the probes on the port they take by default.
+WORKER_METRICS_PORT: int = config.METRICS_PORT.default
 POOL_LABEL = "leasebox.dev/pool"
 MANAGED_BY = "leasebox-operator"
 # Workers stop claiming on SIGTERM and finish in-flight sends within a lease (their grace);
@@ -83,33 +83,33 @@ def worker_settings(pool: Pool) -> dict[str, object]:
     """
     spec, worker = pool.spec, pool.spec.worker
     chosen: dict[str, object] = {
-        options.SCHEMA.name: spec.database.schema_name,
-        options.KINDS.name: tuple(spec.kinds),
-        options.CONCURRENCY.name: worker.concurrency,
-        options.LEASE_SECONDS.name: float(worker.lease_seconds),
+        config.SCHEMA.name: spec.database.schema_name,
+        config.KINDS.name: tuple(spec.kinds),
+        config.CONCURRENCY.name: worker.concurrency,
+        config.LEASE_SECONDS.name: float(worker.lease_seconds),
         # In-flight sends may finish within a lease after SIGTERM; the pod's grace is longer.
-        options.GRACE.name: float(worker.lease_seconds),
-        options.MAX_ATTEMPTS.name: worker.max_attempts,
-        options.BACKOFF_BASE.name: float(worker.backoff_base_seconds),
-        options.BACKOFF_MAX.name: float(worker.backoff_max_seconds),
-        options.METRICS_PORT.name: WORKER_METRICS_PORT,
-        options.LOG_FORMAT.name: worker.log_format,
+        config.GRACE.name: float(worker.lease_seconds),
+        config.MAX_ATTEMPTS.name: worker.max_attempts,
+        config.BACKOFF_BASE.name: float(worker.backoff_base_seconds),
+        config.BACKOFF_MAX.name: float(worker.backoff_max_seconds),
+        config.METRICS_PORT.name: WORKER_METRICS_PORT,
+        config.LOG_FORMAT.name: worker.log_format,
     }
     if worker.templates_config_map:
-        chosen[options.TEMPLATES.name] = PurePosixPath(TEMPLATES_DIR)
+        chosen[config.TEMPLATES.name] = PurePosixPath(TEMPLATES_DIR)
     if spec.database.retention_days is not None:
-        chosen[options.RETENTION.name] = spec.database.retention_days * 86400.0
+        chosen[config.RETENTION.name] = spec.database.retention_days * 86400.0
     if spec.priorities:
         sla = spec.sla.oldest_pending_age_seconds
-        chosen[options.PRIORITIES.name] = tuple(
-            options.KindPriority(p.kind, p.priority, float(p.sla_seconds or sla))
+        chosen[config.PRIORITIES.name] = tuple(
+            config.KindPriority(p.kind, p.priority, float(p.sla_seconds or sla))
             for p in spec.priorities
         )
     quota = spec.provider.quota
     if quota is not None:
-        chosen[options.QUOTA.name] = quota.per_second
-        chosen[options.QUOTA_BURST.name] = quota.burst
-        chosen[options.QUOTA_ACCOUNT.name] = quota.account
+        chosen[config.QUOTA.name] = quota.per_second
+        chosen[config.QUOTA_BURST.name] = quota.burst
+        chosen[config.QUOTA_ACCOUNT.name] = quota.account
     return {name: value for name, value in chosen.items() if value is not None}
 
 
@@ -119,7 +119,10 @@ def worker_env(pool: Pool) -> list[dict[str, Any]]:
     env = [
         _secret_env(DSN_VARIABLE, spec.database.secret_ref),
         _secret_env(PROVIDER_VARIABLE, spec.provider.secret_ref),
-        *({"name": name, "value": value} for name, value in environment(worker_settings(pool))),
+        *(
+            {"name": name, "value": value}
+            for name, value in config.environment(worker_settings(pool))
+        ),
     ]
     if worker.payload_keys_secret_ref:
         env.append(_secret_env(PAYLOAD_KEYS_VARIABLE, worker.payload_keys_secret_ref))
@@ -193,7 +196,7 @@ def migrate_container(pool: Pool, image: str) -> dict[str, Any]:
         "args": ["migrate", "--schema", pool.spec.database.schema_name],
         "env": [
             _secret_env(DSN_VARIABLE, pool.spec.database.secret_ref),
-            {"name": options.LOG_FORMAT.variable, "value": worker.log_format},
+            {"name": config.LOG_FORMAT.variable, "value": worker.log_format},
         ],
         "resources": worker.resources.model_dump(),
         "securityContext": _security_context(),

@@ -41,6 +41,11 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def whole_second(moment: datetime) -> datetime:
+    """`moment` in UTC to the second: what a model writes as a `metav1.Time` (`rfc3339`)."""
+    return moment.astimezone(UTC).replace(microsecond=0)
+
+
 def status_of(value: bool | None) -> Status:
     return "Unknown" if value is None else ("True" if value else "False")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -26,7 +26,7 @@ from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
 from leasebox_operator.errors import PoolProblem
 from leasebox_operator.kube import Kube, PoolKubeAdapter
 from leasebox_operator.metrics import OperatorMetrics
-from leasebox_operator.models import GROUP, PLURAL, VERSION
+from leasebox_operator.models import GROUP, PLURAL, VERSION, PoolStatus
 from leasebox_operator.polling import PoolPoller, backoff_delay
 from leasebox_operator.settings import OperatorSettings
 from leasebox_operator.status import StatusWriter
@@ -48,13 +48,12 @@ class Runtime:
     # Set by the cleanup activity: a poll loop still running then ends by itself, rather
     # than retrying without a login until kopf cancels it.
     closed: bool = False
-    _kube: Kube | None = None
+    kube: Kube = field(init=False)
+    """The operator's one API client, made with the runtime: it follows re-logins (see
+    `Kube`), and its discovery answers are shared by every pool's handlers."""
 
-    def kube(self) -> Kube:
-        """The one API client of the operator (it follows re-logins; see `Kube`)."""
-        if self._kube is None:
-            self._kube = Kube(self.connection.api, instance=self.settings.identity)
-        return self._kube
+    def __post_init__(self) -> None:
+        self.kube = Kube(self.connection.api, instance=self.settings.identity)
 
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
@@ -89,7 +88,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if not ours.standalone:
         # Peers meet in kopf's peering object; it must exist before kopf's first keep-alive.
         await connection.login(trust_env=settings.networking.trust_env)
-        kube = Kube(connection.api, instance=ours.identity)
+        kube = _runtime(memo).kube
         literal = [ns for ns in ours.namespaces if not any(c in ns for c in "*?[")]
         for namespace in [None] if ours.clusterwide else literal:
             if await kube.ensure_peering(ours.peering_name, namespace):
@@ -124,7 +123,7 @@ def _writer(memo: kopf.Memo, runtime: Runtime, body: kopf.Body) -> StatusWriter:
         namespace, name = body.metadata.namespace or "", body.metadata.name or ""
 
         async def patch_status(patch: dict[str, Any]) -> None:
-            await runtime.kube().patch_pool_status(namespace, name, patch)
+            await runtime.kube.patch_pool_status(namespace, name, patch)
 
         writer = StatusWriter(patch_status, dict(body.get("status") or {}))
         memo["status_writer"] = writer
@@ -139,15 +138,15 @@ async def _report(
     before = writer.problems.get("spec")
     part = None if problem is None else (problem.reason, problem.message)
     await writer.write(
-        {"observedGeneration": generation}, generation=generation, problems={"spec": part}
+        PoolStatus(observed_generation=generation), generation=generation, problems={"spec": part}
     )
     if problem is not None and part != before:
-        await runtime.kube().post_event(body, "Warning", problem.reason, problem.message)
+        await runtime.kube.post_event(body, "Warning", problem.reason, problem.message)
 
 
 async def _reconcile(runtime: Runtime, body: kopf.Body, pool: Pool, writer: StatusWriter) -> None:
     """Check the Secrets, apply the children, report; raises `PoolProblem`."""
-    kube = runtime.kube()
+    kube = runtime.kube
     await reconcile.check_secrets(kube, pool)
     settings = runtime.settings
     applied = await reconcile.apply_children(
@@ -157,7 +156,7 @@ async def _reconcile(runtime: Runtime, body: kopf.Body, pool: Pool, writer: Stat
         await kube.post_event(body, "Normal", "Reconciled", applied.summary())
     for warning in applied.warnings:
         await kube.post_event(body, "Warning", "MonitoringUnavailable", warning)
-    await writer.write({"selector": selector(pool), "kinds": ", ".join(pool.spec.kinds)})
+    await writer.write(PoolStatus(selector=selector(pool), kinds=", ".join(pool.spec.kinds)))
 
 
 @kopf.on.resume(*RESOURCE)
@@ -197,8 +196,8 @@ async def poll_pool(
     poller = PoolPoller(
         namespace=namespace,
         name=name,
-        kube=PoolKubeAdapter(runtime.kube(), body, namespace, f"{name}-worker"),
-        source=DatabaseBacklogSource(runtime.kube(), namespace, runtime.pools),
+        kube=PoolKubeAdapter(runtime.kube, body, namespace, f"{name}-worker"),
+        source=DatabaseBacklogSource(runtime.kube, namespace, runtime.pools),
         status=writer,
         metrics=runtime.metrics,
         max_backoff_seconds=runtime.settings.max_poll_backoff_seconds,

@@ -61,7 +61,11 @@ def _conflict(kind: str, name: str, exc: client.ApiException) -> FieldConflict:
 
 
 class Kube:
-    """The operator's API calls, on one `kubernetes.aio` API client."""
+    """The operator's API calls, on one `kubernetes.aio` API client.
+
+    Its discovery answers (`serves`) are its own; the operator makes one `Kube`, held by its
+    runtime (`handlers.Runtime.kube`), so every pool shares them.
+    """
 
     def __init__(self, api: Callable[[], client.ApiClient], *, instance: str = "") -> None:
         """`api` returns the current client: a login after a 401 replaces it."""

@@ -14,12 +14,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
+from leasebox import config
 from leasebox.db.connections import DSN_VARIABLES
 from leasebox.messages import KIND_PATTERN
 from leasebox.producer.payload_crypto import KEYS_VARIABLE
-from leasebox.runtime import options
-from leasebox_operator.kubetypes import EnvFromSource, EnvVar, PodTemplate, VolumeMount
-from leasebox_operator.modelling import CelRule, Model, Quantity, ResourceName, cel
+from leasebox_operator.model_base import CelRule, Model, Quantity, ResourceName, cel
+from leasebox_operator.pod_fields import EnvFromSource, EnvVar, PodTemplate, VolumeMount
 
 GROUP = "leasebox.dev"
 VERSION = "v1alpha1"
@@ -39,14 +39,14 @@ TEMPLATES_DIR = "/etc/leasebox/templates"
 # The worker settings the operator decides from a pool's spec (`children.worker_env`), from
 # the worker's own table, so the names it writes are the names the worker reads.
 OPERATOR_SETTINGS = (
-    options.SCHEMA, options.KINDS, options.CONCURRENCY, options.LEASE_SECONDS, options.GRACE,
-    options.MAX_ATTEMPTS, options.BACKOFF_BASE, options.BACKOFF_MAX, options.METRICS_PORT,
-    options.LOG_FORMAT, options.TEMPLATES, options.RETENTION, options.QUOTA,
-    options.QUOTA_BURST, options.QUOTA_ACCOUNT, options.PRIORITIES,
+    config.SCHEMA, config.KINDS, config.CONCURRENCY, config.LEASE_SECONDS, config.GRACE,
+    config.MAX_ATTEMPTS, config.BACKOFF_BASE, config.BACKOFF_MAX, config.METRICS_PORT,
+    config.LOG_FORMAT, config.TEMPLATES, config.RETENTION, config.QUOTA,
+    config.QUOTA_BURST, config.QUOTA_ACCOUNT, config.PRIORITIES,
 )  # fmt: skip
 # Secrets reach the worker by reference under these names.
 DSN_VARIABLE = DSN_VARIABLES[0]
-PROVIDER_VARIABLE = options.PROVIDER.variable
+PROVIDER_VARIABLE = config.PROVIDER.variable
 PAYLOAD_KEYS_VARIABLE = KEYS_VARIABLE
 # Names the operator gives the worker container and pod; a pool may not take them.
 RESERVED_ENV = (
@@ -117,7 +117,7 @@ class DatabaseSpec(Model):
     secret_ref: DatabaseSecretRef
     """Secret holding the DSN; workers get it by reference, the operator reads it to poll."""
     schema_name: Annotated[str, StringConstraints(pattern=SQL_IDENTIFIER)] = Field(
-        "leasebox", alias="schema"
+        config.SCHEMA.default, alias="schema"
     )
     """PostgreSQL schema holding the leasebox tables."""
     migrations: Literal["Auto", "Manual"] = "Auto"
@@ -260,7 +260,8 @@ _LABELS = "self.podTemplate.metadata.labels"
 
 
 class WorkerSpec(Model):
-    """The worker pods."""
+    """The worker pods. Their defaults are the worker's own (`leasebox.config`), in whole
+    seconds, so a pool that sets nothing runs a worker as `leasebox worker` would."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
@@ -298,15 +299,15 @@ class WorkerSpec(Model):
     """Worker image; unset uses the operator's default worker image."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     """Image pull policy; unset uses the Kubernetes default."""
-    concurrency: int = Field(32, ge=1, le=1024)
+    concurrency: int = Field(config.CONCURRENCY.default, ge=1, le=1024)
     """In-flight sends per worker process."""
-    lease_seconds: int = Field(45, ge=5, le=3600)
+    lease_seconds: int = Field(int(config.LEASE_SECONDS.default), ge=5, le=3600)
     """Seconds a claimed message stays leased to its worker."""
-    max_attempts: int = Field(8, ge=1, le=100)
+    max_attempts: int = Field(config.MAX_ATTEMPTS.default, ge=1, le=100)
     """Attempts before a message becomes a dead letter."""
-    backoff_base_seconds: int = Field(2, ge=1, le=3600)
+    backoff_base_seconds: int = Field(int(config.BACKOFF_BASE.default), ge=1, le=3600)
     """First retry delay in seconds; it doubles per attempt."""
-    backoff_max_seconds: int = Field(300, ge=1, le=86400)
+    backoff_max_seconds: int = Field(int(config.BACKOFF_MAX.default), ge=1, le=86400)
     """Largest retry delay in seconds."""
     resources: ResourceRequirements = Field(default_factory=_default_resources)
     """Container resources (the migration init container gets the same)."""
@@ -505,8 +506,8 @@ class PoolStatus(Model):
 
 def cel_rules() -> dict[str, tuple[CelRule, ...]]:
     """Every cross-field rule by the model that declares it (tests check the CRD has them)."""
-    from leasebox_operator import kubetypes
+    from leasebox_operator import pod_fields
 
     models: list[type[Model]] = [PoolSpec, ScalingSpec, WorkerSpec, QuotaSpec]
-    models += [kubetypes.EnvVarSource, kubetypes.Volume]
+    models += [pod_fields.EnvVarSource, pod_fields.Volume]
     return {"OutboxWorkerPool": POOL_RULES} | {m.__name__: m.cel_rules for m in models}

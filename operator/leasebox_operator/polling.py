@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from leasebox.scaling import policy as scaling
 from leasebox.scaling.quota import QuotaOutlook
@@ -34,12 +34,18 @@ from leasebox_operator.conditions import (
     SCALING_LIMITED,
     SLA_MET,
     ConditionUpdate,
-    rfc3339,
+    whole_second,
 )
 from leasebox_operator.errors import PollError, PoolProblem
 from leasebox_operator.metrics import OperatorMetrics
-from leasebox_operator.models import PoolSpec
-from leasebox_operator.status import Problem, StatusWriter, backlog_status, rates_status
+from leasebox_operator.models import PoolSpec, PoolStatus
+from leasebox_operator.status import (
+    Problem,
+    StatusWriter,
+    backlog_status,
+    combined,
+    rates_status,
+)
 
 __all__ = ["BacklogSource", "DeploymentState", "PollError", "PoolKube", "PoolPoller"]
 logger = logging.getLogger(__name__)
@@ -92,10 +98,10 @@ def rate_window(poll_interval_seconds: float) -> float:
     return min(60.0, max(5.0, 3 * poll_interval_seconds))
 
 
-def scaling_spec(spec: PoolSpec) -> scaling.ScalingSpec:
+def policy_config(spec: PoolSpec) -> scaling.PolicyConfig:
     """The policy's view of a pool spec."""
     s = spec.scaling
-    return scaling.ScalingSpec(
+    return scaling.PolicyConfig(
         min_replicas=s.min_replicas,
         max_replicas=s.max_replicas,
         sla_seconds=float(spec.sla.oldest_pending_age_seconds),
@@ -197,7 +203,7 @@ class PoolPoller:
         await self._announce_schema(schema)
         deployment = await self.kube.read_deployment()
         self.deployment_missing = deployment is None
-        fields: dict[str, Any] = {"kinds": ", ".join(spec.kinds)}
+        status = PoolStatus(kinds=", ".join(spec.kinds))
         updates = [self._reachable(), self._paused(spec)]
         problems: dict[str, Problem | None] = {
             "database": None,
@@ -210,8 +216,13 @@ class PoolPoller:
             arrived = 0.0 if self.last_poll is None else arrival * (now - self.last_poll)
             self.last_poll = now
             self.metrics.observe_backlog(self.namespace, self.name, backlog, arrived=arrived)
-            fields["backlog"] = backlog_status(backlog)
-            fields["rates"] = rates_status(arrival, backlog.sent_per_second)
+            status = combined(
+                status,
+                PoolStatus(
+                    backlog=backlog_status(backlog),
+                    rates=rates_status(arrival, backlog.sent_per_second),
+                ),
+            )
             updates.append(self._sla(spec, backlog))
             verdict = await self.source.reputation(spec)
             if verdict is not None:
@@ -221,38 +232,34 @@ class PoolPoller:
                     )
                 )
             if deployment is not None:
-                fields |= await self._scale(spec, backlog, deployment, now, arrival, updates)
+                scaled = await self._scale(spec, backlog, deployment, now, arrival, updates)
+                status = combined(status, scaled)
         elif deployment is not None:
-            fields |= await self._migrate_from_zero(spec, deployment)
+            status = combined(status, await self._migrate_from_zero(spec, deployment))
         if deployment is not None:
-            fields["readyReplicas"] = deployment.ready_replicas
-            problems["workers"], summary = workers_problem(
-                replace(deployment, replicas=int(fields.get("replicas", deployment.replicas)))
-            )
+            status = combined(status, PoolStatus(ready_replicas=deployment.ready_replicas))
+            replicas = deployment.replicas if status.replicas is None else status.replicas
+            problems["workers"], summary = workers_problem(replace(deployment, replicas=replicas))
             if spec.paused:
                 summary = "paused: the workers are held at 0 replicas"
         changed = await self.status.write(
-            fields, updates, generation=generation, problems=problems, summary=summary
+            status, updates, generation=generation, problems=problems, summary=summary
         )
         await self._announce(changed, spec, backlog)
         self.failures = 0
         self.metrics.poll_duration.observe(max(0.0, self.clock() - started))
         return interval
 
-    async def _migrate_from_zero(
-        self, spec: PoolSpec, deployment: DeploymentState
-    ) -> dict[str, Any]:
+    async def _migrate_from_zero(self, spec: PoolSpec, deployment: DeploymentState) -> PoolStatus:
         """A missing schema that the workers migrate needs one worker to migrate it."""
         if spec.database.migrations != "Auto" or spec.paused or deployment.replicas > 0:
-            return {"replicas": deployment.replicas}
+            return PoolStatus(replicas=deployment.replicas)
         reason = "scale up 0→1: the schema is missing and the workers' init container migrates it"
         await self.kube.scale(1)
         await self.kube.event("Normal", "ScaledUp", reason)
-        return {
-            "replicas": 1,
-            "lastScaleTime": rfc3339(self.wallclock()),
-            "lastScaleReason": reason,
-        }
+        return PoolStatus(
+            replicas=1, last_scale_time=whole_second(self.wallclock()), last_scale_reason=reason
+        )
 
     def _target(
         self,
@@ -280,7 +287,7 @@ class PoolPoller:
             replicas=current,
             ready_replicas=min(deployment.ready_replicas, current),
         )
-        decision = scaling.decide(observation, scaling_spec(spec), self.policy)
+        decision = scaling.decide(observation, policy_config(spec), self.policy)
         self.policy = decision.state
         if spec.scaling.mode == "Operator":
             return decision.replicas, decision.reason, decision.limited, decision.quota
@@ -301,7 +308,7 @@ class PoolPoller:
         now: float,
         arrival: float,
         updates: list[ConditionUpdate],
-    ) -> dict[str, Any]:
+    ) -> PoolStatus:
         current = deployment.replicas
         target, reason, limited, outlook = self._target(spec, backlog, deployment, now, arrival)
         self.quota_outlook = outlook
@@ -317,7 +324,7 @@ class PoolPoller:
             # policy keeps observing, so that resuming starts from what it has seen.
             target, limited = 0, False
             reason = f"scale down {current}→0: spec.paused is true"
-        fields: dict[str, Any] = {"desiredReplicas": target}
+        status = PoolStatus(desired_replicas=target)
         replicas = current
         if target != current:
             await self.kube.scale(target)
@@ -327,9 +334,13 @@ class PoolPoller:
                 "Normal", "ScaledUp" if target > current else "ScaledDown", reason
             )
             logger.info("pool %s/%s: %s", self.namespace, self.name, reason)
-            fields["lastScaleTime"] = rfc3339(self.wallclock())
-            fields["lastScaleReason"] = reason
-        fields["replicas"] = replicas
+            status = combined(
+                status,
+                PoolStatus(
+                    last_scale_time=whole_second(self.wallclock()), last_scale_reason=reason
+                ),
+            )
+        status = combined(status, PoolStatus(replicas=replicas))
         self.metrics.observe_replicas(
             self.namespace,
             self.name,
@@ -355,14 +366,14 @@ class PoolPoller:
                     f"..{spec.scaling.max_replicas}",
                 )
             )
-        return fields
+        return status
 
     async def _failed(self, exc: PollError, interval: float, generation: int | None) -> float:
         self.failures += 1
         self.metrics.poll_failed(self.namespace, self.name)
         delay = backoff_delay(self.failures, interval, max(interval, self.max_backoff_seconds))
         changed = await self.status.write(
-            {},
+            None,
             [ConditionUpdate.of(DATABASE_REACHABLE, False, exc.reason, exc.message)],
             generation=generation,
             problems={"database": (exc.reason, exc.message)},

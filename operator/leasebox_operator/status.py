@@ -10,6 +10,10 @@ lock and sends a patch only when a field or a condition actually changed.
 (the spec and children, the database, the schema, the workers; None when fine), and Ready
 is False with the first problem's reason, Unknown until every part has reported once, and
 True with the workers' summary otherwise.
+
+Every field is reported as a `PoolStatus` (the model the CRD's status schema is generated
+from) holding only the fields the reporter knows; the writer sends them by their wire names,
+so a report cannot misspell a field or give it a value of the wrong type.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from leasebox.store.backlog import Backlog
 from leasebox_operator.conditions import READY, ConditionUpdate, apply, transitions
+from leasebox_operator.models import BacklogStatus, PoolStatus, RatesStatus
 
 PatchStatus = Callable[[dict[str, Any]], Awaitable[None]]
 Problem = tuple[str, str]  # (reason, message)
@@ -34,24 +39,33 @@ _WAITING = {
 }
 
 
-def backlog_status(backlog: Backlog) -> dict[str, Any]:
+def backlog_status(backlog: Backlog) -> BacklogStatus:
     """The status `backlog` block; ages rounded so an idle pool does not churn."""
-    return {
-        "pending": backlog.pending,
-        "ready": backlog.ready,
-        "processing": backlog.processing,
-        "dead": backlog.dead,
-        "expiredLeases": backlog.expired_leases,
-        "oldestPendingAgeSeconds": int(backlog.oldest_pending_age_seconds),
-        "oldestReadyAgeSeconds": int(backlog.oldest_ready_age_seconds),
-    }
+    return BacklogStatus(
+        pending=backlog.pending,
+        ready=backlog.ready,
+        processing=backlog.processing,
+        dead=backlog.dead,
+        expired_leases=backlog.expired_leases,
+        oldest_pending_age_seconds=int(backlog.oldest_pending_age_seconds),
+        oldest_ready_age_seconds=int(backlog.oldest_ready_age_seconds),
+    )
 
 
-def rates_status(arrival_per_second: float, sent_per_second: float) -> dict[str, Any]:
-    return {
-        "arrivalPerSecond": round(arrival_per_second, 2),
-        "sentPerSecond": round(sent_per_second, 2),
-    }
+def rates_status(arrival_per_second: float, sent_per_second: float) -> RatesStatus:
+    return RatesStatus(
+        arrival_per_second=round(arrival_per_second, 2),
+        sent_per_second=round(sent_per_second, 2),
+    )
+
+
+def combined(first: PoolStatus, *more: PoolStatus) -> PoolStatus:
+    """One report of the fields each part sets (a later part wins)."""
+    for part in more:
+        first = first.model_copy(
+            update={name: getattr(part, name) for name in part.model_fields_set}
+        )
+    return first
 
 
 class StatusWriter:
@@ -79,7 +93,7 @@ class StatusWriter:
 
     async def write(
         self,
-        fields: Mapping[str, Any] | None = None,
+        status: PoolStatus | None = None,
         updates: Iterable[ConditionUpdate] = (),
         *,
         generation: int | None = None,
@@ -88,8 +102,9 @@ class StatusWriter:
     ) -> list[tuple[str, str | None, str]]:
         """Patch the changed fields and conditions; return the condition transitions.
 
-        `problems` updates the parts Ready summarises; `summary` is Ready's message when
-        nothing is wrong.
+        `status` holds the fields to report (those it sets, a None it sets included); its
+        conditions are ignored, as the writer keeps them. `problems` updates the parts Ready
+        summarises; `summary` is Ready's message when nothing is wrong.
         """
         async with self._lock:
             self.problems.update(problems or {})
@@ -99,7 +114,14 @@ class StatusWriter:
             conditions = apply(
                 self.conditions, updates, generation=generation, now=self._wallclock()
             )
-            patch = {k: v for k, v in (fields or {}).items() if self.fields.get(k) != v}
+            reported = (
+                {}
+                if status is None
+                else status.model_dump(
+                    mode="json", by_alias=True, exclude_unset=True, exclude={"conditions"}
+                )
+            )
+            patch = {k: v for k, v in reported.items() if self.fields.get(k) != v}
             if conditions != self.conditions:
                 patch["conditions"] = conditions
             if not patch:

@@ -144,6 +144,26 @@ async def test_backlog_scales_up_at_once_with_an_event_naming_the_reason(harness
     assert harness.status.fields["backlog"]["ready"] == 3000
 
 
+async def test_a_scaling_poll_patches_the_status_by_its_wire_names(harness: Harness) -> None:
+    harness.poller.wallclock = lambda: T0.replace(microsecond=250_000)
+    await harness.poll()
+    harness.source.next = _backlog(3000, age=40)
+    await harness.poll()
+    patch = {k: v for k, v in harness.patches[-1].items() if k != "conditions"}
+    assert patch == {
+        "desiredReplicas": harness.kube.scaled[0],
+        "replicas": harness.kube.scaled[0],
+        "lastScaleTime": "2026-01-01T12:00:00Z",
+        "lastScaleReason": harness.kube.events[-1][2],
+        "backlog": {
+            "pending": 3000, "ready": 3000, "processing": 0, "dead": 3, "expiredLeases": 0,
+            "oldestPendingAgeSeconds": 40, "oldestReadyAgeSeconds": 40,
+        },
+        "rates": harness.patches[-1]["rates"],
+    }  # fmt: skip
+    assert set(patch["rates"]) == {"arrivalPerSecond", "sentPerSecond"}
+
+
 async def test_idle_polls_patch_nothing_after_the_first(harness: Harness) -> None:
     await harness.poll()
     assert len(harness.patches) == 1

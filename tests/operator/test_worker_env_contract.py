@@ -14,9 +14,9 @@ import yaml
 
 from leasebox.cli.main import build_parser
 from leasebox.cli.worker import process_config, read_options
+from leasebox.config import OPTIONS
 from leasebox.db.connections import DSN_VARIABLES
 from leasebox.producer.payload_crypto import KEYS_VARIABLE
-from leasebox.runtime.options import OPTIONS
 from leasebox_operator.children import Pool, worker_env
 from leasebox_operator.models import RESERVED_ENV
 from leasebox_operator.reconcile import parse_pool

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from leasebox.runtime.options import KindPriority
+from leasebox.config import KindPriority
 
 # A value other than the default for every option, as the option's own type.
 SAMPLES: dict[str, Any] = {

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import uvloop
 
+from leasebox.config import event_loop_choice
 from leasebox.errors import ConfigurationError
-from leasebox.runtime.event_loops import event_loop_choice, loop_factory, run, running_loop_name
+from leasebox.runtime.event_loops import loop_factory, run, running_loop_name
 
 
 async def _loop_name() -> str:

@@ -13,8 +13,8 @@ import pytest
 from tools.chart_docs import documented_values
 from tools.docs import CHART, README, main, outputs
 
+from leasebox.config import OPTIONS
 from leasebox.delivery.providers.registry import BUILTIN_SCHEMES, url_options
-from leasebox.runtime.options import OPTIONS
 
 
 @pytest.mark.parametrize("path", [README, CHART / "README.md"], ids=["README", "chart README"])

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from leasebox.scaling.policy import Decision, Observation, PolicyState, ScalingSpec, decide, demand
+from leasebox.scaling.policy import Decision, Observation, PolicyConfig, PolicyState, decide, demand
 
-SPEC = ScalingSpec(min_replicas=0, max_replicas=10, initial_worker_throughput=50.0)
+SPEC = PolicyConfig(min_replicas=0, max_replicas=10, initial_worker_throughput=50.0)
 # SLA 60 s and a budget fraction of 0.5 make the drain horizon 30 s and, at 100 msg/s,
 # the backlog budget 3000 messages: 2 workers at 50 msg/s keep up.
 
@@ -178,7 +178,7 @@ CASES = [
 
 @pytest.mark.parametrize(("spec", "observation", "state", "replicas", "reason"), CASES)
 def test_decides_the_worked_cases(
-    spec: ScalingSpec, observation: Observation, state: PolicyState, replicas: int, reason: str
+    spec: PolicyConfig, observation: Observation, state: PolicyState, replicas: int, reason: str
 ) -> None:
     decision = decide(observation, spec, state)
     assert decision.replicas == replicas, decision.reason
@@ -263,7 +263,7 @@ def test_rejects_an_invalid_spec_with_a_clear_message(
     changes: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        ScalingSpec(**changes)
+        PolicyConfig(**changes)
 
 
 def test_rejects_a_negative_observation() -> None:
@@ -272,8 +272,8 @@ def test_rejects_a_negative_observation() -> None:
 
 
 def test_resolves_the_default_drain_horizon_beyond_start_up_plus_a_poll() -> None:
-    assert ScalingSpec().drain_horizon == 30.0
-    short_sla = ScalingSpec(sla_seconds=20.0)
+    assert PolicyConfig().drain_horizon == 30.0
+    short_sla = PolicyConfig(sla_seconds=20.0)
     assert short_sla.drain_horizon > short_sla.startup_seconds + short_sla.poll_interval_seconds
 
 
@@ -281,9 +281,9 @@ def test_resolves_the_default_drain_horizon_beyond_start_up_plus_a_poll() -> Non
 
 
 @st.composite
-def specs(draw: st.DrawFn) -> ScalingSpec:
+def specs(draw: st.DrawFn) -> PolicyConfig:
     low = draw(st.integers(0, 5))
-    return ScalingSpec(
+    return PolicyConfig(
         min_replicas=low,
         max_replicas=draw(st.integers(max(low, 1), 60)),
         sla_seconds=draw(st.floats(10, 600)),
@@ -325,7 +325,7 @@ def states(draw: st.DrawFn, now: float = 1e6) -> PolicyState:
 
 @given(specs(), observations(), states())
 def test_decides_within_min_and_max_replicas(
-    spec: ScalingSpec, observation: Observation, state: PolicyState
+    spec: PolicyConfig, observation: Observation, state: PolicyState
 ) -> None:
     decision = decide(observation, spec, state)
     assert spec.min_replicas <= decision.replicas <= spec.max_replicas
@@ -333,7 +333,7 @@ def test_decides_within_min_and_max_replicas(
 
 @given(specs(), observations(), states())
 def test_reasons_name_the_direction_and_old_to_new(
-    spec: ScalingSpec, observation: Observation, state: PolicyState
+    spec: PolicyConfig, observation: Observation, state: PolicyState
 ) -> None:
     decision: Decision = decide(observation, spec, state)
     old, new = observation.replicas, decision.replicas
@@ -354,7 +354,7 @@ def test_reasons_name_the_direction_and_old_to_new(
     st.floats(0, 600),
 )
 def test_never_decides_fewer_when_ready_backlog_or_age_grows(
-    spec: ScalingSpec, base: Observation, state: PolicyState, more: int, older: float
+    spec: PolicyConfig, base: Observation, state: PolicyState, more: int, older: float
 ) -> None:
     # Both observations are busy, so both take the same throughput sample.
     base = replace(
@@ -373,7 +373,7 @@ def test_never_decides_fewer_when_ready_backlog_or_age_grows(
 
 @given(specs(), observations(), st.floats(0, 1), st.integers(0, 10_000))
 def test_does_not_scale_down_inside_the_stabilisation_window(
-    spec: ScalingSpec, observation: Observation, fraction: float, drop: int
+    spec: PolicyConfig, observation: Observation, fraction: float, drop: int
 ) -> None:
     assume(spec.scale_down_stabilization_seconds >= 1)
     first = decide(observation, spec, PolicyState())
@@ -390,7 +390,9 @@ def test_does_not_scale_down_inside_the_stabilisation_window(
 
 
 @given(specs(), observations())
-def test_scales_from_zero_on_any_ready_backlog(spec: ScalingSpec, observation: Observation) -> None:
+def test_scales_from_zero_on_any_ready_backlog(
+    spec: PolicyConfig, observation: Observation
+) -> None:
     observation = replace(
         observation, ready=max(observation.ready, 1), replicas=0, ready_replicas=0
     )
@@ -399,7 +401,7 @@ def test_scales_from_zero_on_any_ready_backlog(spec: ScalingSpec, observation: O
 
 @given(specs(), observations(), states(), st.integers(1, 1_000_000))
 def test_messages_in_backoff_alone_do_not_scale_up(
-    spec: ScalingSpec, observation: Observation, state: PolicyState, waiting: int
+    spec: PolicyConfig, observation: Observation, state: PolicyState, waiting: int
 ) -> None:
     idle = replace(
         observation, ready=0, pending=0, oldest_ready_age_seconds=0.0, arrival_per_second=0.0
@@ -413,7 +415,7 @@ def test_messages_in_backoff_alone_do_not_scale_up(
 @settings(max_examples=50)
 @given(st.lists(observations(), min_size=2, max_size=12), specs())
 def test_keeps_only_recommendations_inside_the_window(
-    sequence: list[Observation], spec: ScalingSpec
+    sequence: list[Observation], spec: PolicyConfig
 ) -> None:
     state, now = PolicyState(), 0.0
     for observation in sequence:

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from leasebox import config as options
 from leasebox.cli.main import build_parser
 from leasebox.cli.worker import process_config, read_options
+from leasebox.config import OPTIONS, Style, Target
 from leasebox.errors import ConfigurationError
-from leasebox.runtime import options
-from leasebox.runtime.options import OPTIONS, Style, Target
 from leasebox.runtime.process import ProcessConfig
 from leasebox.runtime.settings import WorkerSettings
 from support.worker_options import REQUIRED, SAMPLES

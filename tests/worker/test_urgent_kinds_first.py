@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from leasebox.runtime.options import KindPriority
+from leasebox.config import KindPriority
 from leasebox.store import claiming
 from support.running_worker import SETTINGS, make_worker, running
 from support.waiting import wait_for_async

@@ -327,7 +327,7 @@ def _get_when_up(url: str, process: subprocess.Popen[str], within: float = 30) -
 def test_every_setting_can_come_from_its_leasebox_variable_and_a_flag_wins() -> None:
     from leasebox.cli.main import build_parser
     from leasebox.cli.worker import process_config, read_options
-    from leasebox.runtime.options import OPTIONS, Target
+    from leasebox.config import OPTIONS, Target
 
     # Every variable of the settings table, each with a value other than its default, as
     # the text a person (or the operator) writes.

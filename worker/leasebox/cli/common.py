@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from leasebox import config
 from leasebox.db.queries import DEFAULT_SCHEMA
 from leasebox.errors import ConfigurationError
-from leasebox.runtime import options
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,14 @@ def database(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
     from leasebox.db.connections import resolve_dsn
 
     env = os.environ if environ is None else environ
-    schema, _ = options.read(options.SCHEMA, vars(args), env)
+    schema, _ = config.read(config.SCHEMA, vars(args), env)
     return Database(resolve_dsn(getattr(args, "dsn", None), env), schema)
 
 
 def parse_duration(text: str) -> float:
     """Seconds in `90`, `90s`, `15m`, `1h`, `7d` or `2w`."""
     try:
-        return options.duration(text)
+        return config.duration(text)
     except ValueError:
         raise ConfigurationError(
             f"invalid duration {text!r}: use a number with s, m, h, d or w, e.g. 1h or 7d"
@@ -54,9 +54,9 @@ def add_database_options(parser: argparse.ArgumentParser, *, schema: bool = True
     if not schema:
         return
     parser.add_argument(
-        options.SCHEMA.flag,
-        dest=options.SCHEMA.dest,
-        help=f"schema holding the leasebox tables (default: ${options.SCHEMA.variable}, "
+        config.SCHEMA.flag,
+        dest=config.SCHEMA.dest,
+        help=f"schema holding the leasebox tables (default: ${config.SCHEMA.variable}, "
         f"else {DEFAULT_SCHEMA})",
     )
 

@@ -2,7 +2,7 @@
 
 Every flag also comes from a `LEASEBOX_*` variable, which is how the operator configures
 its Deployment; a flag wins over its variable. Flags, variables, defaults and help come from
-one table (`leasebox.runtime.options`), so this module only turns what it reads into the
+one table (`leasebox.config`), so this module only turns what it reads into the
 process's configuration.
 """
 
@@ -13,9 +13,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from leasebox import config as options
 from leasebox.cli.common import add_database_options, database
-from leasebox.runtime import options
-from leasebox.runtime.options import OPTIONS, Style, Target
+from leasebox.config import OPTIONS, Style, Target
 
 
 def register(subparsers: Any) -> None:

@@ -39,7 +39,7 @@ from leasebox.demo.report import Kill, ScalingEvent, Summary, summarise
 from leasebox.demo.scenario import BOUNCING_ADDRESS, REJECTED_ADDRESS, LoadClients, Scenario
 from leasebox.demo.sla import SlaAccount, account
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
-from leasebox.scaling.policy import Observation, PolicyState, ScalingSpec, decide
+from leasebox.scaling.policy import Observation, PolicyConfig, PolicyState, decide
 from leasebox.store.backlog import Backlog, fetch_backlog_async
 from leasebox.testing.embedded import EmbeddedPostgres
 from leasebox.testing.ports import free_port
@@ -78,9 +78,9 @@ class DemoSettings:
     observatory: Observatory | None = None
     clear_timeout: float = 30.0
 
-    def scaling_spec(self) -> ScalingSpec:
+    def policy_config(self) -> PolicyConfig:
         k = min(1.0, self.scenario.duration / 60.0)
-        return ScalingSpec(
+        return PolicyConfig(
             min_replicas=self.min_workers,
             max_replicas=self.max_workers,
             sla_seconds=self.sla_seconds,
@@ -100,7 +100,7 @@ class _Run:
         self.settings = settings
         self.display = display
         self.dsn = dsn
-        self.spec = settings.scaling_spec()
+        self.spec = settings.policy_config()
         self.state = PolicyState()
         self.log = EvidenceLog()
         self.started = time.monotonic()

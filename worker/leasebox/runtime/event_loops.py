@@ -12,8 +12,9 @@ does, so `auto`, the default, takes it whenever it imports.
 - `uvloop`: insist; without it the worker stops with a configuration error instead of
   quietly running on the other loop.
 
-The loop is chosen before the worker's coroutine exists, so a refused choice leaves no
-coroutine that was never awaited.
+The names of the choices and the reader of the setting are in `leasebox.config`, with every
+other setting; this module makes and runs the loop. The loop is chosen before the worker's
+coroutine exists, so a refused choice leaves no coroutine that was never awaited.
 """
 
 from __future__ import annotations
@@ -22,24 +23,11 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from leasebox.config import ASYNCIO, UVLOOP
 from leasebox.errors import ConfigurationError
-
-AUTO = "auto"
-ASYNCIO = "asyncio"
-UVLOOP = "uvloop"
-CHOICES = (AUTO, ASYNCIO, UVLOOP)
 
 T = TypeVar("T")
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
-
-
-def event_loop_choice(value: str) -> str:
-    """The text of `--event-loop` / `LEASEBOX_EVENT_LOOP`, checked (ValueError says what
-    it must be, as every option's reader does)."""
-    chosen = value.strip().lower()
-    if chosen not in CHOICES:
-        raise ValueError(", ".join(CHOICES[:-1]) + f" or {CHOICES[-1]}")
-    return chosen
 
 
 def loop_factory(choice: str) -> LoopFactory:

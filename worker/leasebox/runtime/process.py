@@ -29,6 +29,7 @@ from psycopg import conninfo
 from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
+from leasebox.config import EVENT_LOOP, METRICS_HOST, METRICS_PORT, PROVIDER_TIMEOUT
 from leasebox.db.connections import (
     APPLICATION_NAME,
     CONNECT_TIMEOUT,
@@ -67,17 +68,18 @@ PROVIDER_START = "provider_start"
 class ProcessConfig:
     """What a worker process needs beyond `WorkerSettings`: where things are.
 
-    metrics_port: 0 turns the HTTP server off.
+    The defaults are the settings table's (`leasebox.config`). metrics_port: 0 turns the
+    HTTP server off.
     """
 
     settings: WorkerSettings
     dsn: str
     provider_url: str = field(repr=False)
     templates_dir: Path | None = None
-    provider_timeout: float = 10.0
-    metrics_host: str = "0.0.0.0"  # noqa: S104 - the pod's metrics port is meant to be scraped
-    metrics_port: int = 9108
-    event_loop: str = "auto"
+    provider_timeout: float = PROVIDER_TIMEOUT.default
+    metrics_host: str = METRICS_HOST.default
+    metrics_port: int = METRICS_PORT.default
+    event_loop: str = EVENT_LOOP.default
     """`auto`, `uvloop` or `asyncio` (`leasebox.runtime.event_loops`); `serve` runs on
     whatever loop it is given and only reports which."""
 

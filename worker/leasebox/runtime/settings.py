@@ -1,9 +1,9 @@
 """The worker's settings: one frozen, validated value built once at start-up.
 
-Flags and `LEASEBOX_*` variables are read by the command through the table in `options`,
-which also holds every default used here; everything that decides how the runtime behaves
-is checked in one place, so that a bad value stops the worker with one line before it
-claims anything.
+`leasebox.config` says what may be set (names, variables, readers, defaults) and is shared
+with the operator; this module says what a worker may run with: the values taken together,
+checked against each other (a priority for a kind it does not claim, a burst without a
+quota), so that a bad combination stops the worker with one line before it claims anything.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+from leasebox import config
 from leasebox.db.queries import validate_schema_name
 from leasebox.errors import ConfigurationError
 from leasebox.messages import DEFAULT_RECEIPT_TTL_SECONDS, KIND_PATTERN
-from leasebox.runtime import options
 
 MAX_RETENTION_SECONDS = 36500 * 86400.0
 # A kind's aging when its priority gives none: the default SLA of a pool.
@@ -67,23 +67,23 @@ class WorkerSettings:
     worker_id: recorded in `leased_by`, and in every log line.
     """
 
-    kinds: tuple[str, ...] = options.KINDS.default
-    schema: str = options.SCHEMA.default
-    concurrency: int = options.CONCURRENCY.default
-    batch_size: int = options.CONCURRENCY.default
-    lease_seconds: float = options.LEASE_SECONDS.default
-    poll_interval: float = options.POLL_INTERVAL.default
-    listen: bool = options.LISTEN.default
-    grace_seconds: float = options.GRACE.default
-    drain: bool = options.DRAIN.default
-    max_attempts: int = options.MAX_ATTEMPTS.default
-    backoff_base: float = options.BACKOFF_BASE.default
-    backoff_max: float = options.BACKOFF_MAX.default
-    retention_seconds: float | None = options.RETENTION.default
-    priorities: tuple[options.KindPriority, ...] = options.PRIORITIES.default
-    quota_rate: float | None = options.QUOTA.default
-    quota_burst: int | None = options.QUOTA_BURST.default
-    quota_account: str | None = options.QUOTA_ACCOUNT.default
+    kinds: tuple[str, ...] = config.KINDS.default
+    schema: str = config.SCHEMA.default
+    concurrency: int = config.CONCURRENCY.default
+    batch_size: int = config.CONCURRENCY.default
+    lease_seconds: float = config.LEASE_SECONDS.default
+    poll_interval: float = config.POLL_INTERVAL.default
+    listen: bool = config.LISTEN.default
+    grace_seconds: float = config.GRACE.default
+    drain: bool = config.DRAIN.default
+    max_attempts: int = config.MAX_ATTEMPTS.default
+    backoff_base: float = config.BACKOFF_BASE.default
+    backoff_max: float = config.BACKOFF_MAX.default
+    retention_seconds: float | None = config.RETENTION.default
+    priorities: tuple[config.KindPriority, ...] = config.PRIORITIES.default
+    quota_rate: float | None = config.QUOTA.default
+    quota_burst: int | None = config.QUOTA_BURST.default
+    quota_account: str | None = config.QUOTA_ACCOUNT.default
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:

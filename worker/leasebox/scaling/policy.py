@@ -2,7 +2,7 @@
 
 The operator, `leasebox simulate` and the demo all call `decide`, so the figures a
 simulation reports are the figures production gets. The function is pure (an
-observation, a spec and the recent history in, a decision and the next history
+observation, the policy's config and the recent history in, a decision and the next history
 out) because scaling mistakes are expensive to find in a cluster and cheap to
 find in a property test.
 
@@ -36,8 +36,8 @@ __all__ = [
     "Decision",
     "Demand",
     "Observation",
+    "PolicyConfig",
     "PolicyState",
-    "ScalingSpec",
     "decide",
     "demand",
 ]
@@ -53,7 +53,7 @@ def _finite(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
-class ScalingSpec:
+class PolicyConfig:
     """The settings of one pool's policy; every field is validated on construction.
 
     Attributes:
@@ -188,7 +188,7 @@ class Observation:
         oldest_ready_age_seconds: age (from creation) of the oldest ready row, 0 when none.
         oldest_pending_age_seconds: age of the oldest pending row, 0 when none.
         arrival_per_second: rows created per second, recently.
-        sent_per_second: rows sent per second over the spec's rate window.
+        sent_per_second: rows sent per second over the policy's rate window.
         replicas: replicas currently requested on the Deployment.
         ready_replicas: pods running and ready; `replicas - ready_replicas` are starting.
     """
@@ -278,15 +278,15 @@ class Decision:
     quota: QuotaOutlook | None = None
 
 
-def _measure(observation: Observation, spec: ScalingSpec, state: PolicyState) -> float | None:
+def _measure(observation: Observation, config: PolicyConfig, state: PolicyState) -> float | None:
     """Fold a per-worker throughput sample into the average, only when workers were busy
     (sending as fast as they could, not waiting for the quota's tokens)."""
     busy = (
         observation.ready > 0
         and observation.ready_replicas > 0
-        and observation.oldest_ready_age_seconds >= spec.rate_window
+        and observation.oldest_ready_age_seconds >= config.rate_window
     )
-    quota = spec.quota_per_second
+    quota = config.quota_per_second
     if quota is not None and observation.sent_per_second >= AT_QUOTA * quota:
         busy = False
     if not busy:
@@ -296,16 +296,16 @@ def _measure(observation: Observation, spec: ScalingSpec, state: PolicyState) ->
         return state.worker_throughput
     if state.worker_throughput is None:
         return sample
-    weight = spec.throughput_smoothing
+    weight = config.throughput_smoothing
     return weight * sample + (1 - weight) * state.worker_throughput
 
 
-def demand(observation: Observation, spec: ScalingSpec, worker_throughput: float) -> Demand:
+def demand(observation: Observation, config: PolicyConfig, worker_throughput: float) -> Demand:
     """The replicas the ready backlog needs, before min/max replicas and step limits."""
     arrival = observation.arrival_per_second
-    budget = arrival * spec.backlog_budget_fraction * spec.sla_seconds
+    budget = arrival * config.backlog_budget_fraction * config.sla_seconds
     rate_workers = arrival / worker_throughput
-    drain_workers = (observation.ready - budget) / (spec.drain_horizon * worker_throughput)
+    drain_workers = (observation.ready - budget) / (config.drain_horizon * worker_throughput)
     needed = rate_workers + drain_workers
     workers = max(0, math.ceil(needed - 1e-9))
     if workers == 0 and observation.ready > 0:
@@ -320,10 +320,10 @@ def demand(observation: Observation, spec: ScalingSpec, worker_throughput: float
     return Demand(workers, term, rate_workers, drain_workers, budget, worker_throughput)
 
 
-def _figures(observation: Observation, spec: ScalingSpec, wanted: Demand) -> str:
+def _figures(observation: Observation, config: PolicyConfig, wanted: Demand) -> str:
     return (
         f"oldest ready {observation.oldest_ready_age_seconds:.0f}s of "
-        f"{spec.sla_seconds:.0f}s SLA, backlog {observation.ready} "
+        f"{config.sla_seconds:.0f}s SLA, backlog {observation.ready} "
         f"(budget {wanted.budget:.0f}), {wanted.worker_throughput:.1f} msg/s per worker, "
         f"{wanted.term} term"
     )
@@ -333,57 +333,57 @@ def _clip(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def decide(observation: Observation, spec: ScalingSpec, state: PolicyState) -> Decision:
+def decide(observation: Observation, config: PolicyConfig, state: PolicyState) -> Decision:
     """Decide the replicas for one poll of one pool."""
     now = observation.now
     current = observation.replicas
-    throughput = _measure(observation, spec, state)
-    floor = spec.min_throughput_fraction * spec.initial_worker_throughput
-    per_worker = max(floor, throughput or spec.initial_worker_throughput)
-    wanted = demand(observation, spec, per_worker)
+    throughput = _measure(observation, config, state)
+    floor = config.min_throughput_fraction * config.initial_worker_throughput
+    per_worker = max(floor, throughput or config.initial_worker_throughput)
+    wanted = demand(observation, config, per_worker)
     outlook = quota_outlook(
-        spec.quota_per_second,
+        config.quota_per_second,
         arrival=observation.arrival_per_second,
         ready=observation.ready,
         oldest_pending_age=observation.oldest_pending_age_seconds,
-        sla_seconds=spec.sla_seconds,
+        sla_seconds=config.sla_seconds,
         worker_throughput=per_worker,
     )
     busy = wanted.workers if outlook is None else min(wanted.workers, outlook.workers)
-    recommendation = _clip(busy, spec.min_replicas, spec.max_replicas)
+    recommendation = _clip(busy, config.min_replicas, config.max_replicas)
     limited = recommendation != wanted.workers
     notes: list[str] = []
     if recommendation < busy:
-        notes.append(f"capped at max replicas {spec.max_replicas}")
+        notes.append(f"capped at max replicas {config.max_replicas}")
     elif recommendation > busy:
-        notes.append(f"raised to min replicas {spec.min_replicas}")
+        notes.append(f"raised to min replicas {config.min_replicas}")
     if outlook is not None and busy < wanted.workers:
         notes.append(
             f"capped at the {outlook.workers} workers the quota of "
             f"{outlook.quota_per_second:g}/s keeps busy"
         )
 
-    window = spec.scale_down_stabilization_seconds
+    window = config.scale_down_stabilization_seconds
     kept = [(at, count) for at, count in state.recommendations if now - window < at <= now]
     recent = (*kept, (now, recommendation))
-    highest = min(spec.max_replicas, max(count for _, count in recent))
-    figures = _figures(observation, spec, wanted)
+    highest = min(config.max_replicas, max(count for _, count in recent))
+    figures = _figures(observation, config, wanted)
 
     target = current
     if recommendation > current:
         target = recommendation
-        if spec.max_scale_up_step is not None and target - current > spec.max_scale_up_step:
+        if config.max_scale_up_step is not None and target - current > config.max_scale_up_step:
             # The replica bounds outrank the step: a pool below its minimum goes straight to it.
-            target = max(current + spec.max_scale_up_step, spec.min_replicas)
+            target = max(current + config.max_scale_up_step, config.min_replicas)
             limited = True
-            notes.append(f"step limited to +{spec.max_scale_up_step}")
+            notes.append(f"step limited to +{config.max_scale_up_step}")
         reason = f"scale up {current}→{target}: {figures}"
     elif highest < current:
         target = highest
-        if spec.max_scale_down_step is not None and current - target > spec.max_scale_down_step:
-            target = min(current - spec.max_scale_down_step, spec.max_replicas)
+        if config.max_scale_down_step is not None and current - target > config.max_scale_down_step:
+            target = min(current - config.max_scale_down_step, config.max_replicas)
             limited = True
-            notes.append(f"step limited to -{spec.max_scale_down_step}")
+            notes.append(f"step limited to -{config.max_scale_down_step}")
         reason = (
             f"scale down {current}→{target}: highest recommendation in the last "
             f"{window:.0f}s is {highest}; {figures}"

@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 
+from leasebox.config import duration
 from leasebox.db.queries import SqlFile, query
 from leasebox.errors import ConfigurationError
 from leasebox.inspection.narrative import send_dict
 from leasebox.inspection.trace import build_trace
-from leasebox.runtime.options import duration
 from leasebox.states import DeadReason
 from leasebox.store.backlog import fetch_backlog, known_kinds
 from leasebox.store.dead_letters import DeadLetter, DeadLetterFilter, list_dead_letters

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from leasebox.scaling.policy import Observation, PolicyState, ScalingSpec, decide
+from leasebox.scaling.policy import Observation, PolicyConfig, PolicyState, decide
 from leasebox.scaling.simulation.hpa import HpaSpec, HpaState, hpa_step
 from leasebox.scaling.simulation.scenarios import Workload
 
@@ -69,9 +69,9 @@ class SimulationConfig:
         if self.worker_throughput <= 0 or self.poll_interval_seconds <= 0:
             raise ValueError("worker throughput and poll interval must be > 0")
 
-    def scaling_spec(self) -> ScalingSpec:
+    def policy_config(self) -> PolicyConfig:
         """The one leasebox configuration used on every scenario: defaults plus the pool."""
-        return ScalingSpec(
+        return PolicyConfig(
             min_replicas=self.min_replicas,
             max_replicas=self.max_replicas,
             sla_seconds=self.sla_seconds,
@@ -114,7 +114,7 @@ class Controller(Protocol):
 class LeaseboxController:
     """Runs `leasebox.scaling.policy.decide`, the code the operator runs."""
 
-    spec: ScalingSpec
+    spec: PolicyConfig
     policy: str = "leasebox"
     setting: str = "default"
     state: PolicyState = field(default_factory=PolicyState)
@@ -313,7 +313,7 @@ def controllers(config: SimulationConfig, quota: float | None = None) -> list[Co
     """The leasebox policy (told the provider `quota`, as the operator is) and both swept
     HPA baselines, fresh for one run each."""
     made: list[Controller] = [
-        LeaseboxController(replace(config.scaling_spec(), quota_per_second=quota))
+        LeaseboxController(replace(config.policy_config(), quota_per_second=quota))
     ]
     limits = {"min_replicas": config.min_replicas, "max_replicas": config.max_replicas}
     for target in config.backlog_targets:

@@ -2,9 +2,13 @@
 
 Each `Option` names its field, its `LEASEBOX_*` variable, how its text is read, its default
 and its help. That one table builds the `leasebox worker` flags, reads the environment (a
-flag wins over its variable), gives `WorkerSettings` its defaults, and renders the env the
-operator writes into a pool's Deployment, so the names the operator writes and the names
-the worker reads cannot drift apart.
+flag wins over its variable), gives `WorkerSettings` and `ProcessConfig` their defaults,
+and renders the env the operator writes into a pool's Deployment, so the names the operator
+writes and the names the worker reads cannot drift apart, and each default is written once.
+
+It sits low (beside `db`, below the runtime and the operator) and does no I/O, so that the
+operator reads the worker's vocabulary without importing the worker. The validated value the
+runtime runs on is `leasebox.runtime.settings.WorkerSettings`, built from this table.
 
 Values are read here rather than by argparse so that a bad one, from either source, is one
 `ConfigurationError` line naming where it came from (`LEASEBOX_CONCURRENCY must be a whole
@@ -24,13 +28,17 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from leasebox.db.queries import DEFAULT_SCHEMA, validate_schema_name
 from leasebox.errors import ConfigurationError
 from leasebox.messages import BUILTIN_KINDS
-from leasebox.runtime.event_loops import AUTO, event_loop_choice
 
 T = TypeVar("T")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# The event loops a worker may run on (`leasebox.runtime.event_loops` makes them).
+AUTO = "auto"
+ASYNCIO = "asyncio"
+UVLOOP = "uvloop"
+EVENT_LOOPS = (AUTO, ASYNCIO, UVLOOP)
 
 
 class Target(StrEnum):
@@ -134,6 +142,14 @@ def switch(value: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ValueError("true or false")
+
+
+def event_loop_choice(value: str) -> str:
+    """`auto`, `asyncio` or `uvloop`, whatever the case and spacing."""
+    chosen = value.strip().lower()
+    if chosen not in EVENT_LOOPS:
+        raise ValueError(", ".join(EVENT_LOOPS[:-1]) + f" or {EVENT_LOOPS[-1]}")
+    return chosen
 
 
 def schema(value: str) -> str:

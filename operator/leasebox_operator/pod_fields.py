@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StringConstraints
 
-from leasebox_operator.modelling import (
+from leasebox_operator.model_base import (
     CelRule,
     LabelValue,
     Model,
