@@ -18,6 +18,7 @@ from support.cluster.release import (
     CHART,
     OPERATOR_START_SECONDS,
     helm_client,
+    operator_metrics,
     operator_values,
     running_operator_pods,
 )
@@ -44,6 +45,11 @@ def release(control_plane: ControlPlane, kubelet: ProcessKubelet, kube: Rest) ->
         wait_for(
             lambda: running_operator_pods(kube, kubelet, SYSTEM, RELEASE),
             what="the operator pod to run",
+            timeout=OPERATOR_START_SECONDS,
+        )
+        wait_for(
+            lambda: operator_metrics(kube, kubelet, SYSTEM, RELEASE),
+            what="the operator's first answer (its metrics page)",
             timeout=OPERATOR_START_SECONDS,
         )
         record_start_up("the operator", time.monotonic() - began)

@@ -6,10 +6,10 @@ and a wait that passes every day fails. A deadline is only how long a test waits
 calls a change missing, so it may be long; it must never be too short.
 
 The session measures what every wait depends on: how long its control plane took to be
-ready, and how long the operator's pod took to run after `helm install`. Each wait of the
-cluster tier takes the figure written at its call site as a floor and waits at least
-`FACTOR` times the slowest start-up measured: a machine slow to start is slow to react too.
-`wait_for` here is `support.waiting.wait_for` with that deadline.
+ready, and how long the operator took to answer (its metrics page) after `helm install`.
+Each wait of the cluster tier takes the figure written at its call site as a floor and
+waits at least `FACTOR` times the slowest start-up measured: a machine slow to start is slow
+to react too. `wait_for` here is `support.waiting.wait_for` with that deadline.
 """
 
 from __future__ import annotations
