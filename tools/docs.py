@@ -1,7 +1,7 @@
 """`make docs`: the reference tables of the README and the chart's README, from the code.
 
 A table written by hand drifts from the options the code takes; these are rendered from the
-declarations the code itself reads, and a test (`tests/unit/test_generated_docs.py`) fails
+declarations the code itself reads, and a test (`tests/project/test_generated_docs.py`) fails
 when a file differs from what this renders:
 
 - the worker's settings, from `leasebox.config.OPTIONS` (what builds the flags);

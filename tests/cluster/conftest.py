@@ -7,6 +7,7 @@ its operator runs as a pod on the test node; each test works in a namespace of i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,11 +18,12 @@ from support.cluster.release import (
     CHART,
     OPERATOR_START_SECONDS,
     helm_client,
+    operator_metrics,
     operator_values,
     running_operator_pods,
 )
 from support.cluster.rest import Rest
-from support.waiting import wait_for
+from support.pace import record_start_up, wait_for
 
 RELEASE = "leasebox"
 SYSTEM = "leasebox-system"
@@ -39,10 +41,17 @@ def release(control_plane: ControlPlane, kubelet: ProcessKubelet, kube: Rest) ->
     """`helm install` of the chart, cluster-wide, its operator running; yields its namespace."""
     with helm_client(control_plane, SYSTEM) as helm:
         helm.install(str(CHART), RELEASE, operator_values(), create_namespace=True, timeout=120)
+        began = time.monotonic()
         wait_for(
             lambda: running_operator_pods(kube, kubelet, SYSTEM, RELEASE),
             what="the operator pod to run",
             timeout=OPERATOR_START_SECONDS,
         )
+        wait_for(
+            lambda: operator_metrics(kube, kubelet, SYSTEM, RELEASE),
+            what="the operator's first answer (its metrics page)",
+            timeout=OPERATOR_START_SECONDS,
+        )
+        record_start_up("the operator", time.monotonic() - began)
         yield SYSTEM
         helm.uninstall(RELEASE, ignore_not_found=True, timeout=120)

@@ -38,7 +38,7 @@ from support.cluster.release import (
     secret,
 )
 from support.cluster.rest import Rest
-from support.waiting import wait_for
+from support.pace import wait_for
 
 # The chart as of the first real-server tests: the upgrade path users are on.
 BASELINE = "505acb5"

@@ -23,7 +23,7 @@ import pytest
 from support.cluster.controlplane import ControlPlane
 from support.cluster.release import POOLS, Pool, pool_body, secret
 from support.cluster.rest import Rest
-from support.waiting import wait_for
+from support.pace import wait_for
 
 NAME = "faults"
 OPERATOR = "system:serviceaccount:leasebox-system:leasebox"

@@ -26,7 +26,7 @@ from leasebox.testing.smtp_sink import SmtpSink
 from support.cluster.controlplane import ControlPlane
 from support.cluster.release import Pool, secret
 from support.cluster.rest import Rest
-from support.waiting import wait_for
+from support.pace import wait_for
 
 NAME = "mail"
 BOUNCING = "bounce@example.com"

@@ -32,8 +32,8 @@ from monitoring_sources import alert_expressions, dashboard_expressions
 from support.cluster.kubelet import ProcessKubelet
 from support.cluster.release import POOLS, pool_body, running_operator_pods, secret
 from support.cluster.rest import Rest
+from support.pace import wait_for
 from support.prometheus import Prometheus
-from support.waiting import wait_for
 
 POOL_NAME = "otp"
 RELEASE = "leasebox"

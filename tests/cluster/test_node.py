@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from support.cluster.kubelet import ProcessKubelet
 from support.cluster.rest import Rest
-from support.waiting import wait_for
+from support.pace import wait_for
 
 SERVE = (
     "import http.server, os\n"

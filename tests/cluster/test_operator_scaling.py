@@ -33,7 +33,7 @@ from support.cluster.release import (
 )
 from support.cluster.rest import ApiError, Rest
 from support.outbox_rows import insert_backlog
-from support.waiting import wait_for
+from support.pace import wait_for
 
 RELEASE = "leasebox"
 NAME = "e2e"

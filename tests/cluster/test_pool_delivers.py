@@ -23,7 +23,7 @@ from leasebox.testing.smtp_sink import SmtpSink
 from support.cluster.controlplane import ControlPlane
 from support.cluster.release import POOLS, Pool, secret
 from support.cluster.rest import Rest
-from support.waiting import wait_for
+from support.pace import wait_for
 
 NAME = "otp"
 TEMPLATE: dict[str, Any] = {

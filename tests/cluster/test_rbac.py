@@ -24,7 +24,7 @@ from support.cluster.controlplane import ControlPlane
 from support.cluster.release import POOLS, Pool, secret
 from support.cluster.rest import Rest
 from support.outbox_rows import insert_backlog
-from support.waiting import wait_for
+from support.pace import wait_for
 
 ACCOUNT = "system:serviceaccount:leasebox-system:leasebox"
 

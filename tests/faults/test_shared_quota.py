@@ -7,7 +7,7 @@ as it arrives. Once all are up and each has sent a first message (its connection
 a backlog is enqueued and drained, and its stamps are judged.
 
 The database hands out the backlog's tokens due one spacing (1/rate) apart (the reservations
-are proved exact in tests/db/test_quota_reservations.py), and a worker writes a message no
+are proved exact in tests/store/test_quota_reservations.py), and a worker writes a message no
 earlier than its token is due. With a burst of 1, by any moment t after the backlog was
 committed at t0 at most 1 + rate * (t - t0) of its messages may have been sent: the i-th
 arrival (from 0) comes no sooner than t0 + i / rate, by the sink's wall clock, which is the

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from support.server_runner import LOOPBACK, other_tasks_end, serve_in_thread
+
 OK = "ok"  # 202 {"id": "msg-<n>"}
 NUL_ID = "nul_id"  # 200 {"id": "abc\u0000def"}
 SURROGATE_ID = "surrogate_id"  # 200 {"id": "abc\udc80def"} (a lone surrogate, escaped in JSON)
@@ -165,35 +167,16 @@ def _response(status: int, body: bytes, headers: dict[str, str] | None = None) -
 def hostile_http(script: Script | None = None) -> Iterator[HostileHttpServer]:
     """The server on 127.0.0.1 (a free port), served from its own thread until the end."""
     server = HostileHttpServer(script or Script())
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    stop: asyncio.Event | None = None
 
-    async def main() -> None:
-        nonlocal stop
-        stop = asyncio.Event()
+    async def listen() -> asyncio.Server:
         server.stopping = asyncio.Event()
-        listener = await asyncio.start_server(server._session, "127.0.0.1", 0)
-        server.port = int(listener.sockets[0].getsockname()[1])
-        started.set()
-        async with listener:
-            await stop.wait()
-            # Sessions still open (a stalled or held reply) finish, and close, on their own.
-            server.stopping.set()
-            sessions = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if sessions:
-                await asyncio.wait(sessions, timeout=5)
-        for _ in range(5):  # let the closed transports run their connection_lost
-            await asyncio.sleep(0)
+        return await asyncio.start_server(server._session, LOOPBACK, 0)
 
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    if not started.wait(10):
-        raise RuntimeError("the hostile HTTP server did not start")
-    try:
+    async def wind_down() -> None:
+        # Sessions still open (a stalled or held reply) finish, and close, on their own.
+        server.stopping.set()
+        await other_tasks_end()
+
+    with serve_in_thread("hostile HTTP server", listen, wind_down) as running:
+        server.port = running.port
         yield server
-    finally:
-        assert stop is not None
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()

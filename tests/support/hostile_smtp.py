@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email.parser import BytesHeaderParser
 
+from support.server_runner import LOOPBACK, other_tasks_end, serve_in_thread
+
 # What the server does once it holds a whole message.
 ACCEPT = "accept"  # 250
 DROP = "drop"  # close the connection without a reply: the client cannot know
@@ -165,36 +167,19 @@ class HostileSmtpServer:
 def hostile_smtp(script: Script | None = None) -> Iterator[HostileSmtpServer]:
     """The server on 127.0.0.1 (a free port), served from its own thread until the end."""
     server = HostileSmtpServer(script)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    stop: asyncio.Event | None = None
 
-    async def main() -> None:
-        nonlocal stop
-        stop = asyncio.Event()
+    async def listen() -> asyncio.Server:
         server.stopping = asyncio.Event()
-        listener = await asyncio.start_server(server._session, "127.0.0.1", 0)
-        server.port = int(listener.sockets[0].getsockname()[1])
-        started.set()
-        async with listener:
-            await stop.wait()
-            # Sessions still open (a stalled or held reply) finish, and close, on their own.
-            server.stopping.set()
-            sessions = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if sessions:
-                await asyncio.wait(sessions, timeout=5)
-        for _ in range(5):  # let the closed transports run their connection_lost
-            await asyncio.sleep(0)
+        return await asyncio.start_server(server._session, LOOPBACK, 0)
 
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    if not started.wait(10):
-        raise RuntimeError("the hostile SMTP server did not start")
-    try:
-        yield server
-    finally:
-        server.script.release.set()
-        assert stop is not None
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()
+    async def wind_down() -> None:
+        # Sessions still open (a stalled or held reply) finish, and close, on their own.
+        server.stopping.set()
+        await other_tasks_end()
+
+    with serve_in_thread("hostile SMTP server", listen, wind_down) as running:
+        server.port = running.port
+        try:
+            yield server
+        finally:
+            server.script.release.set()  # a held reply is let go, so its session can end

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from support.server_runner import LOOPBACK, serve_in_thread
+
 _NO_RECIPIENT = b"554 5.5.1 no valid recipients\r\n"
 
 
@@ -254,30 +256,16 @@ class _Conversation(asyncio.Protocol):
 def pipelining_smtp(server: PipeliningServer | None = None) -> Iterator[PipeliningServer]:
     """The server on 127.0.0.1 (a free port), served from its own thread until the end."""
     server = server or PipeliningServer()
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    stop = asyncio.Event()
 
-    async def main() -> None:
-        listener = await loop.create_server(lambda: _Conversation(server), "127.0.0.1", 0)
-        server.port = int(listener.sockets[0].getsockname()[1])
-        server._loop = loop
-        started.set()
-        async with listener:
-            await stop.wait()
-            for conversation in list(server._live):
-                if conversation.transport is not None:
-                    conversation.transport.close()
-        for _ in range(5):  # let the closed transports run their connection_lost
-            await asyncio.sleep(0)
+    async def listen() -> asyncio.Server:
+        server._loop = asyncio.get_running_loop()
+        return await server._loop.create_server(lambda: _Conversation(server), LOOPBACK, 0)
 
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    if not started.wait(10):
-        raise RuntimeError("the pipelining SMTP server did not start")
-    try:
+    async def wind_down() -> None:
+        for conversation in list(server._live):
+            if conversation.transport is not None:
+                conversation.transport.close()
+
+    with serve_in_thread("pipelining SMTP server", listen, wind_down) as running:
+        server.port = running.port
         yield server
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()

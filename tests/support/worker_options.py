@@ -1,6 +1,6 @@
 """A value for every worker option other than its default: the table the option tests share.
 
-`tests/unit/test_worker_options.py` checks the settings table with it, and the worker
+`tests/worker/test_worker_options.py` checks the settings table with it, and the worker
 command's test configures a worker with every variable from it, so that a new option
 without a sample fails both (the samples must name every option).
 """

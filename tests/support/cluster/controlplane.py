@@ -121,6 +121,7 @@ class ControlPlane:
     apiserver: _Program = field(init=False)
     controller_manager: _Program = field(init=False)
     warming: list[tuple[datetime, datetime]] = field(default_factory=list)
+    start_seconds: float = 0.0  # how long `start` took: the session's measure of this machine
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -293,9 +294,12 @@ class ControlPlane:
         return any(began <= received <= ready for began, ready in self.warming)
 
     def start(self) -> ControlPlane:
+        """Start etcd, the API server and the controller manager; time it (`start_seconds`)."""
+        began = time.monotonic()
         self.start_etcd()
         self.start_apiserver()
         self.controller_manager.start()
+        self.start_seconds = time.monotonic() - began
         return self
 
     def stop(self) -> None:

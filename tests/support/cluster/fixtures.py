@@ -23,6 +23,7 @@ from support.cluster.controlplane import (
 )
 from support.cluster.kubelet import ProcessKubelet, cleanup
 from support.cluster.rest import Rest
+from support.pace import record_start_up
 
 BUILD = ROOT / "build"
 
@@ -37,6 +38,7 @@ def control_plane() -> Iterator[ControlPlane]:
         if os.environ.get("CI"):
             pytest.fail(f"the cluster tests are required under CI: {exc}")
         pytest.skip(str(exc))
+    record_start_up("the control plane", plane.start_seconds)
     yield plane
     plane.stop()
     cleanup(folder)

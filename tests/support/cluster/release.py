@@ -21,7 +21,7 @@ import helm_python as helm
 from support.cluster.controlplane import ROOT, ControlPlane
 from support.cluster.kubelet import ProcessKubelet
 from support.cluster.rest import Body, Rest
-from support.waiting import wait_for
+from support.pace import wait_for
 
 CHART = ROOT / "charts" / "leasebox"
 POOLS = ("leasebox.dev/v1alpha1", "outboxworkerpools")
