@@ -36,6 +36,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import aiohttp
 
+from leasebox.config import PROVIDER_TIMEOUT
 from leasebox.delivery.providers.base import (
     Email,
     SendResult,
@@ -90,7 +91,7 @@ class HttpSettings:
     token: str | None = field(default=None, repr=False)
     sender: str | None = None
     tls_verify: bool = True
-    timeout: float = 10.0
+    timeout: float = PROVIDER_TIMEOUT.default
 
     @property
     def target(self) -> str:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from leasebox.config import PROVIDER_TIMEOUT
 from leasebox.delivery.providers.base import (
     Email,
     RequestOutcome,
@@ -86,7 +87,7 @@ class ApiSettings:
     endpoint: str
     sender: str
     token: str = field(repr=False)
-    timeout: float = 10.0
+    timeout: float = PROVIDER_TIMEOUT.default
     options: Mapping[str, str] = field(default_factory=dict)
 
 

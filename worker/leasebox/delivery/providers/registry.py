@@ -15,6 +15,7 @@ import importlib.metadata
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from leasebox.config import PROVIDER_TIMEOUT
 from leasebox.delivery.providers.base import Provider
 from leasebox.delivery.providers.urls import UrlOption, url_scheme
 from leasebox.errors import ConfigurationError
@@ -103,7 +104,7 @@ def _load_plugin(scheme: str) -> ProviderFactory:
     return factory  # type: ignore[no-any-return]
 
 
-def provider_from_url(url: str, *, timeout: float = 10.0) -> Provider:
+def provider_from_url(url: str, *, timeout: float = PROVIDER_TIMEOUT.default) -> Provider:
     """A provider for `url`; `ConfigurationError` on a malformed URL or an unknown scheme."""
     scheme = url_scheme(url)
     builtin = scheme in BUILTIN_SCHEMES

@@ -28,6 +28,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from leasebox.config import PROVIDER_TIMEOUT
 from leasebox.delivery.providers.base import (
     Email,
     RequestOutcome,
@@ -87,7 +88,7 @@ class SesSettings:
     sender: str
     endpoint: str | None = None
     configuration_set: str | None = None
-    timeout: float = 10.0
+    timeout: float = PROVIDER_TIMEOUT.default
 
 
 def _snake(code: str) -> str:

@@ -40,6 +40,7 @@ from typing import cast
 import aiosmtplib
 
 from leasebox.addresses import ascii_domain
+from leasebox.config import PROVIDER_TIMEOUT
 from leasebox.delivery.providers.base import (
     Email,
     SendResult,
@@ -116,7 +117,7 @@ class SmtpSettings:
     starttls: bool | None = None
     tls_verify: bool = True
     sender: str = DEFAULT_SENDER
-    timeout: float = 10.0
+    timeout: float = PROVIDER_TIMEOUT.default
     pool_size: int = DEFAULT_POOL_SIZE
 
     @property
