@@ -228,15 +228,17 @@ async def test_a_pause_reaches_the_other_workers_of_the_account_by_notify(
 
     refused, other, elsewhere = gate(ACCOUNT), gate(ACCOUNT), gate("another-account")
     assert await refused.take()  # the account's row exists from the first reservation on
-    wake = asyncio.Event()
+    # One wake per listener: each sets its own once connected, so the pause is sent only
+    # when both listen (a listener not yet connected would miss it).
+    wakes = {g: asyncio.Event() for g in (other, elsewhere)}
     listeners = [
         asyncio.create_task(upkeep.listen_for_rows(db_dsn, "leasebox", wake, g.notice))
-        for g in (other, elsewhere)
+        for g, wake in wakes.items()
     ]
     try:
         await wait_for_async(
-            wake.is_set, what="wake.is_set()"
-        )  # listening (it wakes the worker once connected)
+            lambda: all(wake.is_set() for wake in wakes.values()), what="both listening"
+        )
         refused.pause(30.0)
         await wait_for_async(lambda: other.paused, what="other.paused")
         assert not elsewhere.paused
