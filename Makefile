@@ -70,7 +70,7 @@ test: install tools lint cluster-programs ## lint, then every test on embedded P
 	$(BIN)/pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-second-pg
 
-test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it answers (CI requires it; as root, starts one)
+test-second-pg: install ## the database tests against $(SECOND_PG_DSN) when it answers (CI requires it; as root with apt, tools/bin/second-postgres runs apt-get install postgresql-15 and starts one)
 	@tools/bin/second-postgres
 	@if $(BIN)/python -c "import psycopg,sys; psycopg.connect(sys.argv[1], connect_timeout=3).close()" '$(SECOND_PG_DSN)' 2>/dev/null; then \
 	  echo "database tests on $$($(BIN)/python -c "import psycopg,sys; print(psycopg.connect(sys.argv[1]).info.parameter_status('server_version'))" '$(SECOND_PG_DSN)')"; \
