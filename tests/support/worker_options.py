@@ -35,6 +35,7 @@ SAMPLES: dict[str, Any] = {
     "log_level": "debug",
     "event_loop": "asyncio",
     "retention_seconds": 14 * 86400.0,
+    "feedback_provider_days": 7.0,
     "priorities": (KindPriority("otp", 10, 30.0), KindPriority("invite", -1)),
     "quota_rate": 14.0,
     "quota_burst": 20,

@@ -124,3 +124,22 @@ async def test_a_providers_refusal_of_a_suppressed_address_lists_the_mailbox(
     )
     assert entry.expires_at is not None
     assert entry.expires_at - fake_clock.now == timedelta(days=30)
+
+
+async def test_a_provider_refusal_lists_the_mailbox_for_the_days_the_worker_is_given(
+    db_pool: AsyncConnectionPool,
+    fake_provider: ScriptedProvider,
+    fake_clock: ManualClock,
+    db_insert: Insert,
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    fake_provider.refusals["inactive@example.com"] = "postmark_406"
+    db_insert(**_to("inactive@example.com"))
+    settings = replace(SETTINGS, drain=True, feedback_provider_days=7.0)
+    worker = make_worker(db_pool, fake_provider, fake_clock, settings)
+    async with asyncio.timeout(20):
+        await worker.run()
+
+    [entry] = list_suppressions(db_conn)
+    assert entry.expires_at is not None
+    assert entry.expires_at - fake_clock.now == timedelta(days=7)

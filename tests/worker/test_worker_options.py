@@ -87,6 +87,7 @@ def test_the_help_names_every_flag_and_variable(capsys: pytest.CaptureFixture[st
         ("LEASEBOX_SCHEMA", "Mail-Box", "LEASEBOX_SCHEMA: invalid schema name"),
         ("LEASEBOX_EVENT_LOOP", "tokio", "LEASEBOX_EVENT_LOOP must be auto, asyncio or uvloop"),
         ("LEASEBOX_RETENTION", "forever", "LEASEBOX_RETENTION must be a duration such as 90s"),
+        ("LEASEBOX_FEEDBACK_PROVIDER_DAYS", "soon", "LEASEBOX_FEEDBACK_PROVIDER_DAYS must be"),
     ],
 )
 def test_a_malformed_variable_is_one_error_naming_it(variable: str, raw: str, message: str) -> None:
@@ -130,6 +131,12 @@ def test_a_retention_that_could_resend_or_overflow_is_refused_at_start(
 ) -> None:
     args = build_parser().parse_args(["worker", "--retention", raw])
     with pytest.raises(ConfigurationError, match=message):
+        process_config(args, LOG_PROVIDER)
+
+
+def test_a_provider_suppression_of_no_days_is_refused_at_start() -> None:
+    args = build_parser().parse_args(["worker", "--feedback-provider-days", "0"])
+    with pytest.raises(ConfigurationError, match="provider suppression must be positive"):
         process_config(args, LOG_PROVIDER)
 
 

@@ -349,6 +349,15 @@ RETENTION = Option[float | None](
     metavar="DURATION",
     attribute="retention_seconds",
 )
+FEEDBACK_PROVIDER_DAYS = Option(
+    "feedback_provider_days",
+    "LEASEBOX_FEEDBACK_PROVIDER_DAYS",
+    number,
+    30.0,
+    "days a provider's own refusal of a suppressed address (Postmark's 406) keeps the "
+    "mailbox on the suppression list; the feedback receiver reads the same variable",
+    metavar="DAYS",
+)
 PRIORITIES = Option[tuple[KindPriority, ...]](
     "priorities",
     "LEASEBOX_PRIORITIES",
@@ -416,6 +425,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     LOG_LEVEL,
     EVENT_LOOP,
     RETENTION,
+    FEEDBACK_PROVIDER_DAYS,
     PRIORITIES,
     QUOTA,
     QUOTA_BURST,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from leasebox import config
 from leasebox.feedback import mailgun, postmark, resend, sendgrid, sns
 from leasebox.feedback.events import BadPayload, FeedbackEvent
 from leasebox.feedback.recording import Recorded
@@ -108,7 +109,8 @@ class Receivers:
                 soft_bounce_limit=int(number("SOFT_BOUNCE_LIMIT", 3)),
                 soft_bounce_window_seconds=number("SOFT_BOUNCE_WINDOW_HOURS", 72) * 3600,
                 soft_bounce_seconds=number("SOFT_BOUNCE_DAYS", 3) * DAY,
-                provider_seconds=number("PROVIDER_DAYS", 30) * DAY,
+                provider_seconds=number("PROVIDER_DAYS", config.FEEDBACK_PROVIDER_DAYS.default)
+                * DAY,
             ),
             max_body_bytes=int(number("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)),
         )

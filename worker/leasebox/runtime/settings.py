@@ -54,6 +54,9 @@ class WorkerSettings:
         and expired receipts older than this, hourly (`leasebox.store.pruning`); at least
         the receipt TTL, so that a retried request never outlives its send. None keeps
         everything.
+    feedback_provider_days: how long a provider's own refusal of a suppressed address
+        (Postmark's 406) keeps the mailbox listed; the same variable sets the feedback
+        receiver's rule for the services' suppression events, so both agree.
     priorities: each kind's priority in the claim (higher first; unlisted kinds 0) and
         aging (`aging_of`): a message that has waited that long since its creation goes
         ahead of higher priorities, within a share of each claim (`AGED_SHARE`), so that
@@ -80,6 +83,7 @@ class WorkerSettings:
     backoff_base: float = config.BACKOFF_BASE.default
     backoff_max: float = config.BACKOFF_MAX.default
     retention_seconds: float | None = config.RETENTION.default
+    feedback_provider_days: float = config.FEEDBACK_PROVIDER_DAYS.default
     priorities: tuple[config.KindPriority, ...] = config.PRIORITIES.default
     quota_rate: float | None = config.QUOTA.default
     quota_burst: int | None = config.QUOTA_BURST.default
@@ -104,6 +108,7 @@ class WorkerSettings:
         _positive("poll interval", self.poll_interval)
         _positive("backoff base", self.backoff_base)
         _at_least("grace", self.grace_seconds, 0.0)
+        _positive("provider suppression", self.feedback_provider_days)
         if self.backoff_max < self.backoff_base:
             raise ConfigurationError("the backoff maximum must be at least the backoff base")
         if self.retention_seconds is not None:

@@ -81,7 +81,7 @@ from leasebox.store.settling import (
     Superseded,
     Suppressed,
 )
-from leasebox.store.suppressions import SuppressionRules
+from leasebox.store.suppressions import DAY
 
 log = logging.getLogger("leasebox.worker")
 
@@ -777,7 +777,7 @@ class Worker:
         limit = message.max_attempts or self.settings.max_attempts
         action: Retry | Dead | Suppressed
         if failure.suppressed_by_provider:
-            expiry = SuppressionRules().provider_seconds
+            expiry = self.settings.feedback_provider_days * DAY
             action = Suppressed(held.lease, failure.detail, failure.code, expiry)
         elif should_retry(failure, message.attempts, limit):
             delay = retry_delay(

@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from leasebox.addresses import mailbox_key
+from leasebox.config import FEEDBACK_PROVIDER_DAYS
 from leasebox.db.queries import DEFAULT_SCHEMA, query
 from leasebox.errors import ConfigurationError
 
@@ -45,7 +46,7 @@ class SuppressionRules:
     soft_bounce_limit: int = 3
     soft_bounce_window_seconds: float = 3 * DAY
     soft_bounce_seconds: float = 3 * DAY
-    provider_seconds: float = 30 * DAY
+    provider_seconds: float = FEEDBACK_PROVIDER_DAYS.default * DAY
 
     def __post_init__(self) -> None:
         if self.soft_bounce_limit < 1:
