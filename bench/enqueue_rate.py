@@ -13,12 +13,17 @@ Beside each target, leasebox's own statements run with their arguments built bef
 starts (the statement `enqueue` sends, and the lock and write statements of `enqueue_many`):
 what a send costs the server and the driver with none of leasebox's Python around it, so that
 a run shows how much of a gap to the yardstick no client-side work can close.
+
+The peers' producers (`bench/enqueue_peers.py`) run in the same run, beside leasebox's: PgQueuer's
+`enqueue` with a `dedupe_key` and pg-boss's `send` with a `singletonKey`, one per transaction,
+and their batch calls against `enqueue_many`. Those are the targets; the plain inserts are
+reported. Every case gets a fresh database whose schema is installed and analysed before it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -27,6 +32,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 import leasebox
+from bench import enqueue_peers
 from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
@@ -199,8 +205,14 @@ def _batches(count: int, per_call: int) -> list[range]:
     return [range(first, min(first + per_call, count)) for first in range(0, count, per_call)]
 
 
+def _analysed(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("ANALYZE")
+    conn.commit()
+
+
 def _timed(dsn: str, send: Send, count: int, per_transaction: int) -> float:
     with psycopg.connect(dsn) as conn:
+        _analysed(conn)
         for i in _warm_numbers():
             send(conn, i)
         conn.commit()
@@ -214,6 +226,7 @@ def _timed(dsn: str, send: Send, count: int, per_transaction: int) -> float:
 
 def _timed_many(dsn: str, send: SendMany, count: int, per_call: int) -> float:
     with psycopg.connect(dsn) as conn:
+        _analysed(conn)
         for numbers in _warm_batches(per_call):
             send(conn, numbers)
         conn.commit()
@@ -249,9 +262,32 @@ def _case(
     return EnqueueResult(method, mode, count, seconds)
 
 
-def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueResult]:
+def _peer_case(server: BenchServer, peer: str, count: int, per_call: int) -> EnqueueResult:
+    name = enqueue_peers.method(peer, per_call)
+    mode = ONE if per_call == 1 else MANY
+    warm = [range(i, i + 1) for i in _warm_numbers()] if per_call == 1 else _warm_batches(per_call)
+    expected = count + sum(len(r) for r in warm)
+    try:
+        seconds, rows = enqueue_peers.peer_case(server, peer, count, per_call, _batches, warm)
+    except Exception as exc:  # a peer's own error (asyncpg, node) voids its case, not the run
+        return EnqueueResult(name, mode, count, 0.0, f"{type(exc).__name__}: {exc}"[:200])
+    if rows != expected:
+        return EnqueueResult(name, mode, count, seconds, f"{rows} jobs, not {expected}")
+    return EnqueueResult(name, mode, count, seconds)
+
+
+def _peer_cases(
+    server: BenchServer, peers: Sequence[str], count: int, per_call: int
+) -> list[EnqueueResult]:
+    return [_peer_case(server, peer, count, per_call) for peer in peers]
+
+
+def run_enqueue(
+    server: BenchServer, single: int, batched: int, peers: Sequence[str] = ()
+) -> list[EnqueueResult]:
     """Each method beside its yardstick, yardstick first, so that a change in the machine's
-    load hits both alike; every case checks that it wrote exactly the rows it sent."""
+    load hits both alike, and the `peers` (of `enqueue_peers.PEERS`) right after leasebox;
+    every case checks that it wrote exactly the rows it sent."""
     warm_one, warm_many = len(_warm_numbers()), len(_warm_batches(BATCH)) * BATCH
     statement = _ReadyStatement([*_warm_numbers(), *range(single)])
     results = []
@@ -270,6 +306,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
                 single + warm_one,
             )
         )
+    results += _peer_cases(server, peers, single, 1)
     for method, send in ((PLAIN, _plain_insert), (LEASEBOX, _leasebox_enqueue)):
         results.append(
             _case(
@@ -297,7 +334,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
             EnqueueResult(m, MANY, 0, 0.0, missing)
             for m in (LEASEBOX_MANY, LEASEBOX_MANY_STATEMENTS)
         ]
-        return results
+        return results + _peer_cases(server, peers, batched, BATCH)
     statements = _ReadyBatch([*_warm_batches(BATCH), *_batches(batched, BATCH)])
     batch_methods: tuple[tuple[str, SendMany], ...] = (
         (LEASEBOX_MANY, _leasebox_enqueue_many),
@@ -314,4 +351,4 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
                 batched + warm_many,
             )
         )
-    return results
+    return results + _peer_cases(server, peers, batched, BATCH)
