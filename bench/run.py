@@ -61,6 +61,7 @@ class Sizes:
     history_repeats: int = 200
     enqueue_single: int = 5_000
     enqueue_batched: int = 20_000
+    enqueue_rounds: int = 2
     http_rows: int = 10_000
     http_concurrency: int = 64
     smtp_rows: int = 10_000
@@ -85,6 +86,7 @@ QUICK = Sizes(
     history_repeats=40,
     enqueue_single=500,
     enqueue_batched=2_000,
+    enqueue_rounds=1,
     http_rows=1_000,
     smtp_rows=1_000,
     latency_seconds=3.0,
