@@ -235,7 +235,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print("  enqueue ...", flush=True)
             results["enqueue"] = [
                 r.as_dict()
-                for r in run_enqueue(server, sizes.enqueue_single, sizes.enqueue_batched, producers)
+                for r in run_enqueue(
+                    server,
+                    sizes.enqueue_single,
+                    sizes.enqueue_batched,
+                    producers,
+                    sizes.enqueue_rounds,
+                )
             ]
         if "providers" in chosen:
             print("  providers: HTTP stand-in ...", flush=True)
