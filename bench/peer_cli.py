@@ -28,26 +28,6 @@ def payload(number: int) -> dict[str, Any]:
     }
 
 
-def job_payload(number: int) -> bytes:
-    """The producer benchmark's job for a peer: leasebox's OTP message as a peer carries it
-    (the code in clear: the peers have no sealed secrets)."""
-    return json.dumps(
-        {
-            "kind": "otp",
-            "recipient": f"user{number}@example.com",
-            "aggregate_id": f"user-{number}",
-            "template": "otp",
-            "data": {"name": f"User {number}", "minutes_valid": 10},
-            "code": f"{number % 1000000:06d}",
-        }
-    ).encode()
-
-
-def dedupe_key(number: int) -> str:
-    """A fresh key per message, as a login storm has: the same key leasebox's receipt gets."""
-    return f"otp-request-{number}"
-
-
 def chunks(total: int, size: int = SEED_CHUNK) -> list[range]:
     return [range(start, min(start + size, total)) for start in range(0, total, size)]
 

@@ -29,7 +29,8 @@ from pgqueuer.qm import QueueManager
 from pgqueuer.queries import Queries
 from pgqueuer.types import QueueExecutionMode
 
-from bench.peer_cli import chunks, dedupe_key, job_payload, parse, payload, write_ids
+from bench.enqueue_peers import dedupe_key, job_payload
+from bench.peer_cli import chunks, parse, payload, write_ids
 
 ENTRYPOINT = "otp"
 SETTINGS: dict[str, Any] = {

@@ -40,7 +40,7 @@ function payload (number) {
   }
 }
 
-// The producer benchmark's job, as bench/peer_cli.py's job_payload builds it for PgQueuer.
+// The producer benchmark's job, as bench/enqueue_peers.py's job_payload builds it for PgQueuer.
 function jobPayload (number) {
   return {
     kind: 'otp',

@@ -120,10 +120,6 @@ SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
        count(*) AS total
 FROM pgboss.job WHERE name = 'otp';
 
--- name: pgboss_enqueued
--- Every pg-boss job of the queue (what an enqueue case wrote).
-SELECT count(*) FROM pgboss.job WHERE name = 'otp';
-
 -- name: graphile_left
 -- graphile-worker deletes a job once it succeeds.
 SELECT count(*) AS left_over FROM graphile_worker._private_jobs;
