@@ -374,7 +374,8 @@ CREATE INDEX feedback_tokens_seen_idx ON {schema}.feedback_tokens (seen_at);
 -- older pending messages of that key in the same transaction (the caller holds the key's
 -- lock, so they are all older than it). Its statements run on generic plans, planned once per
 -- connection, and every one of them reads by a key an index serves: with sequential scans
--- off, a plan made while a partition was empty still probes the index once it is full.
+-- off, a plan made while a partition's statistics called it empty still probes its index
+-- once it is full.
 CREATE FUNCTION {schema}.enqueue_message(
     p_kind text,
     p_aggregate_id text,
