@@ -13,13 +13,18 @@ Beside each target, leasebox's own statements run with their arguments built bef
 starts (the statement `enqueue` sends, and the lock and write statements of `enqueue_many`):
 what a send costs the server and the driver with none of leasebox's Python around it, so that
 a run shows how much of a gap to the yardstick no client-side work can close.
+
+The peers' producers (`bench/enqueue_peers.py`) run in the same run, beside leasebox's: PgQueuer's
+`enqueue` with a `dedupe_key` and pg-boss's `send` with a `singletonKey`, one per transaction,
+and their batch calls against `enqueue_many`. Those are the targets; the plain inserts are
+reported. Every case gets a fresh database whose schema is installed and analysed before it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -27,6 +32,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 import leasebox
+from bench import enqueue_peers
 from bench.pgserver import BenchServer
 from bench.sqlfiles import bench_query
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
@@ -60,6 +66,8 @@ class EnqueueResult:
     sends: int
     seconds: float
     error: str = ""
+    # The rate of every round of the case, in order (the kept one is the fastest).
+    round_rates: tuple[float, ...] = ()
 
     @property
     def rate(self) -> float:
@@ -73,6 +81,7 @@ class EnqueueResult:
             "seconds": round(self.seconds, 3),
             "rate_per_second": round(self.rate, 1) if not self.error else None,
             "error": self.error,
+            "round_rates": list(self.round_rates),
         }
 
 
@@ -199,8 +208,14 @@ def _batches(count: int, per_call: int) -> list[range]:
     return [range(first, min(first + per_call, count)) for first in range(0, count, per_call)]
 
 
+def _analysed(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("ANALYZE")
+    conn.commit()
+
+
 def _timed(dsn: str, send: Send, count: int, per_transaction: int) -> float:
     with psycopg.connect(dsn) as conn:
+        _analysed(conn)
         for i in _warm_numbers():
             send(conn, i)
         conn.commit()
@@ -214,6 +229,7 @@ def _timed(dsn: str, send: Send, count: int, per_transaction: int) -> float:
 
 def _timed_many(dsn: str, send: SendMany, count: int, per_call: int) -> float:
     with psycopg.connect(dsn) as conn:
+        _analysed(conn)
         for numbers in _warm_batches(per_call):
             send(conn, numbers)
         conn.commit()
@@ -249,9 +265,59 @@ def _case(
     return EnqueueResult(method, mode, count, seconds)
 
 
-def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueResult]:
+def _peer_case(server: BenchServer, peer: str, count: int, per_call: int) -> EnqueueResult:
+    name = enqueue_peers.method(peer, per_call)
+    mode = ONE if per_call == 1 else MANY
+    warm = [range(i, i + 1) for i in _warm_numbers()] if per_call == 1 else _warm_batches(per_call)
+    expected = count + sum(len(r) for r in warm)
+    try:
+        seconds, rows = enqueue_peers.peer_case(server, peer, count, per_call, _batches, warm)
+    except Exception as exc:  # a peer's own error (asyncpg, node) voids its case, not the run
+        return EnqueueResult(name, mode, count, 0.0, f"{type(exc).__name__}: {exc}"[:200])
+    if rows != expected:
+        return EnqueueResult(name, mode, count, seconds, f"{rows} jobs, not {expected}")
+    return EnqueueResult(name, mode, count, seconds)
+
+
+def _peer_cases(
+    server: BenchServer, peers: Sequence[str], count: int, per_call: int
+) -> list[EnqueueResult]:
+    return [_peer_case(server, peer, count, per_call) for peer in peers]
+
+
+def best_of_rounds(rounds: Sequence[Sequence[EnqueueResult]]) -> list[EnqueueResult]:
+    """Each case's fastest round, with the rates of all; a case that failed in any round is
+    reported by its failure (a void measurement is never hidden behind a good one)."""
+    kept = []
+    for cases in zip(*rounds, strict=True):
+        rates = tuple(round(c.rate, 1) for c in cases)
+        failed = next((c for c in cases if c.error), None)
+        best = failed or max(cases, key=lambda c: c.rate)
+        kept.append(replace(best, round_rates=rates))
+    return kept
+
+
+def run_enqueue(
+    server: BenchServer,
+    single: int,
+    batched: int,
+    peers: Sequence[str] = (),
+    rounds: int = 1,
+) -> list[EnqueueResult]:
+    """Every case `rounds` times, each round running every case once (so that a burst of
+    load on the shared machine hits a round, not one system), and each case's fastest round
+    kept."""
+    return best_of_rounds(
+        [_one_round(server, single, batched, peers) for _ in range(max(rounds, 1))]
+    )
+
+
+def _one_round(
+    server: BenchServer, single: int, batched: int, peers: Sequence[str]
+) -> list[EnqueueResult]:
     """Each method beside its yardstick, yardstick first, so that a change in the machine's
-    load hits both alike; every case checks that it wrote exactly the rows it sent."""
+    load hits both alike, and the `peers` (of `enqueue_peers.PEERS`) right after leasebox;
+    every case checks that it wrote exactly the rows it sent."""
     warm_one, warm_many = len(_warm_numbers()), len(_warm_batches(BATCH)) * BATCH
     statement = _ReadyStatement([*_warm_numbers(), *range(single)])
     results = []
@@ -270,6 +336,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
                 single + warm_one,
             )
         )
+    results += _peer_cases(server, peers, single, 1)
     for method, send in ((PLAIN, _plain_insert), (LEASEBOX, _leasebox_enqueue)):
         results.append(
             _case(
@@ -297,7 +364,7 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
             EnqueueResult(m, MANY, 0, 0.0, missing)
             for m in (LEASEBOX_MANY, LEASEBOX_MANY_STATEMENTS)
         ]
-        return results
+        return results + _peer_cases(server, peers, batched, BATCH)
     statements = _ReadyBatch([*_warm_batches(BATCH), *_batches(batched, BATCH)])
     batch_methods: tuple[tuple[str, SendMany], ...] = (
         (LEASEBOX_MANY, _leasebox_enqueue_many),
@@ -314,4 +381,4 @@ def run_enqueue(server: BenchServer, single: int, batched: int) -> list[EnqueueR
                 batched + warm_many,
             )
         )
-    return results
+    return results + _peer_cases(server, peers, batched, BATCH)

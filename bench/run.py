@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import node_peers, report, targets
+from bench import enqueue_peers, node_peers, report, targets
 from bench.drain import DrainResult, run_drain
 from bench.enqueue_rate import run_enqueue
 from bench.history import run_history
@@ -61,6 +61,7 @@ class Sizes:
     history_repeats: int = 200
     enqueue_single: int = 5_000
     enqueue_batched: int = 20_000
+    enqueue_rounds: int = 2
     http_rows: int = 10_000
     http_concurrency: int = 64
     smtp_rows: int = 10_000
@@ -85,6 +86,7 @@ QUICK = Sizes(
     history_repeats=40,
     enqueue_single=500,
     enqueue_batched=2_000,
+    enqueue_rounds=1,
     http_rows=1_000,
     smtp_rows=1_000,
     latency_seconds=3.0,
@@ -178,6 +180,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             names.remove(name)
     skipped_node = None
+    producers: tuple[str, ...] = ()
+    if "enqueue" in chosen:
+        producers, skipped = enqueue_peers.available()
+        for peer, why in skipped.items():
+            print(f"skipping {peer} in the enqueue benchmark: {why}", file=sys.stderr)
+        skipped_node = skipped.get("pgboss")
     if NODE_SYSTEMS & set(names) and "drain" in chosen:
         skipped_node = node_peers.ensure_installed()
         if skipped_node:
@@ -227,7 +235,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print("  enqueue ...", flush=True)
             results["enqueue"] = [
                 r.as_dict()
-                for r in run_enqueue(server, sizes.enqueue_single, sizes.enqueue_batched)
+                for r in run_enqueue(
+                    server,
+                    sizes.enqueue_single,
+                    sizes.enqueue_batched,
+                    producers,
+                    sizes.enqueue_rounds,
+                )
             ]
         if "providers" in chosen:
             print("  providers: HTTP stand-in ...", flush=True)

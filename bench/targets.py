@@ -25,6 +25,15 @@ from bench.systems import (
     YARDSTICKS,
 )
 
+# The drain's bounds: ahead of the best peer by this much, and at least this share of the
+# plain loop on a minimal table (the workload's limit on the machine).
+PEER_MARGIN = 1.2
+LIMIT_SHARE = 0.8
+# Worker CPU per message: at most CPU_BOUND_US, judged on a host where the minimal loop's own
+# CPU per message is under CPU_HOST_US (on a slower host the bound says nothing of the code).
+CPU_BOUND_US = 15.0
+CPU_HOST_US = 10.0
+
 MET, MISSED, NOT_EVALUATED, MISSING, REPORTED = (
     "met",
     "MISSED",
@@ -116,7 +125,8 @@ def _k(rows: int) -> str:
 def drain_targets(
     drain: Sequence[Mapping[str, Any]], sizes: Sequence[int], backlog: int | None = None
 ) -> list[Target]:
-    """Ahead of every peer, at least 0.6x the workload's limit, and steady at a backlog."""
+    """Ahead of every peer by at least 1.2x, at least 0.8x the workload's limit, and steady
+    at a backlog."""
     found: list[Target] = []
     processes = sorted({int(r["processes"]) for r in drain if r["rows"] in sizes})
     for rows in sizes:
@@ -144,10 +154,10 @@ def drain_targets(
             found.append(
                 judged(
                     f"drain-{_k(rows)}-{count}p-ahead",
-                    f"drain {rows:,} rows, {count} process(es): ahead of every peer",
+                    f"drain {rows:,} rows, {count} process(es): >= {PEER_MARGIN}x every peer",
                     ratio(mine, top),
                     detail,
-                    above=1.0,
+                    at_least=PEER_MARGIN,
                 )
             )
         mine = _rate(drain, LEASEBOX, rows, 1)
@@ -155,10 +165,11 @@ def drain_targets(
         found.append(
             judged(
                 f"drain-{_k(rows)}-1p-vs-limit",
-                f"drain {rows:,} rows, 1 process: >= 0.6x the plain loop on a minimal table",
+                f"drain {rows:,} rows, 1 process: >= {LIMIT_SHARE}x the plain loop on a minimal "
+                "table",
                 ratio(mine, limit),
                 f"{per_second(mine)} vs {per_second(limit)}",
-                at_least=0.6,
+                at_least=LIMIT_SHARE,
             )
         )
         schema = _rate(drain, PLAIN_LEASEBOX_SCHEMA, rows, 1)
@@ -214,26 +225,53 @@ def history_cost_targets(drain: Sequence[Mapping[str, Any]], sizes: Sequence[int
 
 def cpu_target(drain: Sequence[Mapping[str, Any]]) -> list[Target]:
     """Worker CPU per message with `null://`, from the largest one-process leasebox drain
-    (the most messages over the same start-up: the most precise figure)."""
+    (the most messages over the same start-up: the most precise figure). Its bound is judged
+    where the minimal loop of the same drain needs under 10 µs (on a slower host it is only
+    reported), and its ratio to the minimal loop's own is always reported."""
     drained = [r for r in drain if r["system"] == LEASEBOX and r["processes"] == 1 and r["ok"]]
+    goal = f"worker CPU per message, null://: <= {CPU_BOUND_US:g} µs"
     if not drained:
-        return [judged("cpu-null", "worker CPU per message, null://: <= 15 µs", None, "n/a")]
+        return [
+            judged("cpu-null", goal, None, "n/a"),
+            reported(
+                "cpu-null-vs-minimal",
+                "worker CPU per message against the minimal loop's",
+                None,
+                "n/a",
+            ),
+        ]
     rows = max(int(r["rows"]) for r in drained)
     value = _row(drain, LEASEBOX, rows, 1) or {}
     cpu = value.get("cpu_us_per_message")
     limit = _row(drain, PLAIN_MINIMAL, rows, 1) or {}
-    plain = limit.get("cpu_us_per_message")
-    measured = "n/a" if cpu is None else f"{cpu:.1f} µs"
-    if plain is not None:
-        measured += f" (the plain loop on the minimal table: {plain:.1f} µs)"
-    return [
-        judged(
+    plain = limit.get("cpu_us_per_message") if limit.get("ok") else None
+    mine = "n/a" if cpu is None else f"{cpu:.1f} µs"
+    theirs = "n/a" if plain is None else f"{plain:.1f} µs"
+    goal = (
+        f"worker CPU per message, null://, {rows:,} rows: <= {CPU_BOUND_US:g} µs where the "
+        f"minimal loop needs < {CPU_HOST_US:g} µs"
+    )
+    measured = f"{mine} (the minimal loop: {theirs}); ratio is to the {CPU_BOUND_US:g} µs bound"
+    share = None if cpu is None else float(cpu) / CPU_BOUND_US
+    if plain is None or cpu is None:
+        bound = judged("cpu-null", goal, None, measured)
+    elif float(plain) < CPU_HOST_US:
+        bound = judged("cpu-null", goal, share, measured, at_most=1.0)
+    else:
+        bound = reported(
             "cpu-null",
-            f"worker CPU per message, null://, {rows:,} rows: <= 15 µs",
-            None if cpu is None else float(cpu) / 15.0,
-            measured + "; ratio is to the 15 µs bound",
-            at_most=1.0,
+            goal,
+            share,
+            f"{measured}; not judged: the minimal loop needs {theirs} on this host",
         )
+    return [
+        bound,
+        reported(
+            "cpu-null-vs-minimal",
+            f"worker CPU per message, null://, {rows:,} rows: against the minimal loop's",
+            None if cpu is None or plain is None else ratio(float(cpu), float(plain)),
+            f"{mine} vs {theirs}",
+        ),
     ]
 
 
@@ -286,7 +324,53 @@ def history_targets(history: Mapping[str, Any] | None) -> list[Target]:
     return found
 
 
+def _enqueue_rate(
+    enqueue: Sequence[Mapping[str, Any]], method: str, mode: str
+) -> tuple[float | None, str]:
+    for row in enqueue:
+        if (row["method"], row["mode"]) == (method, mode):
+            return row["rate_per_second"], str(row.get("error") or "")
+    return None, "not run"
+
+
+def enqueue_peer_targets(enqueue: Sequence[Mapping[str, Any]]) -> list[Target]:
+    """leasebox's producer ahead of the peers' producers, each with its own key per message:
+    `enqueue` with a receipt against PgQueuer's `enqueue` with a `dedupe_key` and pg-boss's
+    `send` with a `singletonKey`, one per transaction, and `enqueue_many` against their batch
+    calls. A peer that failed is named and not counted; without a peer, not evaluated."""
+    from bench.enqueue_peers import PGBOSS_MANY, PGBOSS_ONE, PGQUEUER
+    from bench.enqueue_rate import LEASEBOX, LEASEBOX_MANY, MANY, ONE
+
+    found = []
+    for name, mode, method, peers in (
+        ("enqueue-single-vs-peers", ONE, LEASEBOX, (PGQUEUER, PGBOSS_ONE)),
+        ("enqueue-batch-vs-peers", MANY, LEASEBOX_MANY, (PGQUEUER, PGBOSS_MANY)),
+    ):
+        mine, error = _enqueue_rate(enqueue, method, mode)
+        goal = f"{method}, {mode}: ahead of every peer's producer"
+        if error.startswith("missing"):
+            found.append(Target(name, goal, error, None, None, MISSING))
+            continue
+        rates = {p: _enqueue_rate(enqueue, p, mode) for p in peers}
+        measured = {p: r for p, (r, e) in rates.items() if r is not None and not e}
+        failed = sorted(p for p, (_, e) in rates.items() if e and e != "not run")
+        best = max(measured, key=lambda p: measured[p], default=None)
+        top = measured.get(best or "")
+        detail = (
+            f"leasebox {per_second(mine)}, best peer {best} {per_second(top)}"
+            if best is not None
+            else f"leasebox {per_second(mine)}, no peer measured"
+        )
+        if failed:
+            detail += f" ({', '.join(failed)} failed: not counted)"
+        found.append(judged(name, goal, ratio(mine if not error else None, top), detail, above=1.0))
+    return found
+
+
 def enqueue_targets(enqueue: Sequence[Mapping[str, Any]]) -> list[Target]:
+    """The producer against its peers (judged), then against a plain `INSERT` of its one
+    row, and its own statements with their arguments ready (reported): a receipt-keyed send
+    writes three rows and probes one, so the plain insert bounds it, it does not judge it."""
     from bench.enqueue_rate import (
         LEASEBOX,
         LEASEBOX_MANY,
@@ -299,49 +383,28 @@ def enqueue_targets(enqueue: Sequence[Mapping[str, Any]]) -> list[Target]:
         PLAIN_MANY,
     )
 
-    def rate(method: str, mode: str) -> tuple[float | None, str]:
-        for row in enqueue:
-            if (row["method"], row["mode"]) == (method, mode):
-                return row["rate_per_second"], str(row.get("error") or "")
-        return None, "not run"
-
     if not enqueue:
         return []
-    found = []
-    for mode, floor, method, yardstick in (
-        (ONE, 0.8, LEASEBOX, PLAIN),
-        (MANY, 0.7, LEASEBOX_MANY, PLAIN_MANY),
-    ):
-        mine, error = rate(method, mode)
-        plain, _ = rate(yardstick, mode)
-        goal = f"{method}, {mode}: >= {floor}x {yardstick}"
-        name = f"enqueue-{'batch' if mode == MANY else 'single'}"
-        if error.startswith("missing"):
-            found.append(Target(name, goal, error, None, None, MISSING))
-            continue
-        found.append(
-            judged(
-                name,
-                goal,
-                ratio(mine, plain),
-                f"{per_second(mine)} vs {per_second(plain)}" + (f" ({error})" if error else ""),
-                at_least=floor,
-            )
-        )
-    # The statements alone show how much of a gap no client-side work can close.
+    found = enqueue_peer_targets(enqueue)
     for name, method, mode, yardstick in (
+        ("enqueue-single", LEASEBOX, ONE, PLAIN),
+        ("enqueue-batch", LEASEBOX_MANY, MANY, PLAIN_MANY),
         ("enqueue-loop", LEASEBOX, LOOP, PLAIN),
         ("enqueue-single-statement", LEASEBOX_STATEMENT, ONE, PLAIN),
         ("enqueue-batch-statements", LEASEBOX_MANY_STATEMENTS, MANY, PLAIN_MANY),
     ):
-        mine, _ = rate(method, mode)
-        plain, _ = rate(yardstick, mode)
+        mine, error = _enqueue_rate(enqueue, method, mode)
+        plain, _ = _enqueue_rate(enqueue, yardstick, mode)
+        goal = f"{method}, {mode}: against {yardstick}"
+        if error.startswith("missing") and method == LEASEBOX_MANY:
+            found.append(Target(name, goal, error, None, None, MISSING))
+            continue
         found.append(
             reported(
                 name,
-                f"{method}, {mode}: against {yardstick}",
+                goal,
                 ratio(mine, plain),
-                f"{per_second(mine)} vs {per_second(plain)}",
+                f"{per_second(mine)} vs {per_second(plain)}" + (f" ({error})" if error else ""),
             )
         )
     return found

@@ -152,3 +152,15 @@ def test_a_run_fails_on_a_broken_measurement_but_not_on_a_missing_feature() -> N
         "history: drain: worker exited 1",
         "provider http worker: not exactly-once",
     ]
+
+
+def test_an_enqueue_case_keeps_its_fastest_round_and_a_failed_round_voids_it() -> None:
+    from bench.enqueue_rate import EnqueueResult, best_of_rounds
+
+    first = [EnqueueResult("a", "one", 100, 2.0), EnqueueResult("b", "one", 100, 1.0)]
+    second = [EnqueueResult("a", "one", 100, 1.0), EnqueueResult("b", "one", 100, 0.5, "9 rows")]
+
+    fast, failed = best_of_rounds([first, second])
+
+    assert (fast.seconds, fast.round_rates) == (1.0, (50.0, 100.0))
+    assert (failed.error, failed.round_rates) == ("9 rows", (100.0, 200.0))

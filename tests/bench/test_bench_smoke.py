@@ -45,6 +45,7 @@ from bench.systems import (
 )
 
 import leasebox
+from bench import enqueue_peers
 from leasebox.db.queries import named_queries
 from leasebox.testing.embedded import EmbeddedPostgres
 
@@ -313,6 +314,20 @@ def test_enqueue_reports_a_missing_batch_api_as_missing(
     measured = [r for r in results.values() if r not in missing]
     assert len(measured) == 6
     assert all(r.error == "" and r.rate > 0 for r in measured)
+
+
+def test_each_peers_producer_writes_one_job_per_send_in_both_modes(
+    bench_server: BenchServer,
+) -> None:
+    peers, skipped = enqueue_peers.available()
+    if not peers:
+        pytest.skip(f"no peer to run: {skipped}")
+    results = run_enqueue(bench_server, 20, 200, peers)
+
+    by_peer = [r for r in results if r.method.startswith(("PgQueuer", "pg-boss"))]
+    assert len(by_peer) == 2 * len(peers)
+    assert all(r.error == "" and r.rate > 0 for r in by_peer), by_peer
+    assert sorted(r.sends for r in by_peer) == [20] * len(peers) + [200] * len(peers)
 
 
 def test_a_server_given_by_unix_socket_creates_databases_that_keep_their_name(

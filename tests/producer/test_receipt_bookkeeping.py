@@ -14,7 +14,7 @@ from leasebox import AbuseGuard, IdempotencyConflict, enqueue, enqueue_many
 from leasebox.db.queries import query
 from leasebox.producer.payload_crypto import PLAINTEXT_VARIABLE
 from support.outbox_rows import otp
-from support.plans import full_scans, indexes, plan_of, reads
+from support.plans import analyze, full_scans, indexes, plan_of, reads
 
 GUARDS = {"unguarded": None, "guarded": AbuseGuard(per_recipient=100, window_seconds=600)}
 
@@ -151,3 +151,41 @@ def test_the_guarded_lookup_finds_a_receipts_message_by_its_key_not_by_scanning_
     found = plan_of(db_conn, query("find_receipt"), params)
     assert not [s for s in full_scans(db_conn, found) if "outbox" in s], reads(found)
     assert {"outbox_pkey", "receipts_pkey"} <= indexes(db_conn, found)
+
+
+# A burst's receipts, written after the connection's first send (its plans are made then).
+FILLED_RECEIPTS = """
+INSERT INTO leasebox.receipts
+    (scope, idempotency_key, bucket, request_hash, outbox_id, outbox_bucket, expires_at)
+SELECT 'login', 'filled-' || g, ((now() + interval '1 day') AT TIME ZONE 'UTC')::date, 'h', g,
+       (now() AT TIME ZONE 'UTC')::date, now() + interval '1 day'
+FROM generate_series(1, 3000) AS g
+"""
+
+
+def test_a_receipt_partition_analysed_while_empty_is_still_read_by_its_key_once_it_fills(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    # Statistics that call the partitions empty (an ANALYZE before the day's first send) and
+    # a burst that fills one before autovacuum analyses it again: the function's plans must
+    # not scan the filled partition for every send.
+    analyze(db_conn, "receipts")
+    plans: list[str] = []
+    db_conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    db_conn.execute("LOAD 'auto_explain'")
+    enqueue(db_conn, otp(), idempotency_key="first", scope="login")
+    db_conn.commit()
+    db_conn.execute(FILLED_RECEIPTS)
+    db_conn.commit()
+    for name, value in (
+        ("auto_explain.log_min_duration", "0"),
+        ("auto_explain.log_nested_statements", "on"),
+        ("auto_explain.log_level", "notice"),
+    ):
+        db_conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    enqueue(db_conn, otp("bob@example.com"), idempotency_key="second", scope="login")
+    db_conn.commit()
+
+    lookups = [p for p in plans if "receipts" in p and "idempotency_key" in p]
+    assert lookups, plans
+    assert not [p for p in lookups if "Seq Scan on receipts" in p], lookups

@@ -372,7 +372,10 @@ CREATE INDEX feedback_tokens_seen_idx ON {schema}.feedback_tokens (seen_at);
 -- is written), and no row at all means a message with that delivery key was written
 -- concurrently without the lock. A message written with a replacement key supersedes the
 -- older pending messages of that key in the same transaction (the caller holds the key's
--- lock, so they are all older than it).
+-- lock, so they are all older than it). Its statements run on generic plans, planned once per
+-- connection, and every one of them reads by a key an index serves: with sequential scans
+-- off, a plan made while a partition's statistics called it empty still probes its index
+-- once it is full.
 CREATE FUNCTION {schema}.enqueue_message(
     p_kind text,
     p_aggregate_id text,
@@ -397,6 +400,7 @@ CREATE FUNCTION {schema}.enqueue_message(
 ) RETURNS TABLE (source text, outbox_id bigint, delivery_key text, request_hash text)
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan
+    SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
