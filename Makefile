@@ -102,11 +102,13 @@ bench: bench-deps ## every target of the performance issue beside its yardstick 
 	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.operator_cost
 	$(BIN)/python -m bench.burst
+	$(BIN)/python -m bench.smtp_postfix
 
 bench-quick: bench-deps ## the same benchmarks at small sizes, a few minutes: checks the harness, not the figures
 	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run --quick $(BENCH_ARGS)
 	$(BIN)/python -m bench.operator_cost --quick
 	$(BIN)/python -m bench.burst --quick
+	$(BIN)/python -m bench.smtp_postfix --quick
 
 mutate: install ## the mutation gate: every curated break of a guarantee must fail a test by assertion
 	$(BIN)/python -m tools.mutate

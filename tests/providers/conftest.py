@@ -1,10 +1,7 @@
-"""Fixtures for the provider tests: real SMTP servers on loopback (see support.mail_servers),
-and a private Postfix for the whole session (see support.postfix)."""
+"""Fixtures for the provider tests: real SMTP servers on loopback (see support.mail_servers)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +14,6 @@ from support.mail_servers import (
     self_signed_context,
     serve,
 )
-from support.postfix import Postfix, PostfixUnavailable, running_postfix
 
 
 @pytest.fixture
@@ -32,18 +28,3 @@ def smtp_starttls_server(tmp_path: Path) -> Iterator[SmtpServer]:
     yield from serve(
         RecordingHandler(), tls_context=self_signed_context(tmp_path), require_starttls=True
     )
-
-
-@pytest.fixture(scope="session")
-def postfix_server() -> Iterator[Postfix]:
-    """Debian's Postfix, private to this test process; a failure under CI when it cannot run,
-    a skip elsewhere."""
-    stack = contextlib.ExitStack()
-    try:
-        running = stack.enter_context(running_postfix())
-    except PostfixUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Postfix required under CI: {exc}")
-        pytest.skip(f"no Postfix: {exc}")
-    with stack:
-        yield running
