@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import ssl
 import statistics
 import subprocess
 import sys
@@ -180,6 +181,7 @@ def versions(postfix: Postfix) -> dict[str, str]:
         "python": sys.version.split()[0],
         "aiosmtplib": version("aiosmtplib"),
         "uvloop": version("uvloop"),
+        "openssl": ssl.OPENSSL_VERSION,
         "leasebox": version("leasebox"),
     }
 
