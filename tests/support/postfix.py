@@ -24,7 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,10 +141,6 @@ class Postfix:
     version: str
 
     @property
-    def config(self) -> Path:
-        return self.directory / "etc"
-
-    @property
     def inbox(self) -> Path:
         return self.directory / "mail" / "inbox"
 
@@ -189,10 +185,6 @@ class Postfix:
             for path in (queue / part).rglob("*")
         )
 
-    def postconf(self, name: str) -> str:
-        done = _run(["postconf", "-c", str(self.config), "-h", name])
-        return done.stdout.strip()
-
 
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{os.environ.get('PATH', '')}:{_SBIN}"}
@@ -217,10 +209,11 @@ def _master_running(directory: Path) -> bool:
     return True
 
 
-def _until(check: object, timeout: float, what: str, directory: Path) -> None:
+def _until(check: Callable[[], bool], timeout: float, what: str, directory: Path) -> None:
+    """Poll `check` until it holds; PostfixUnavailable with the log's tail if it never does."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return
         time.sleep(0.05)
     log = (directory / "maillog").read_text("utf-8", "replace") if directory.exists() else ""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import socketserver
 import threading
 from collections import Counter
-from typing import ClassVar
 
 from leasebox.testing.ports import free_port
 
@@ -55,7 +54,7 @@ class Greylist:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    greylist: ClassVar[Greylist]
+    server: _Server
 
     def handle(self) -> None:
         request: dict[str, str] = {}
@@ -65,7 +64,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 name, _, value = line.partition("=")
                 request[name] = value
                 continue
-            action = self.server.greylist.decide(request)  # type: ignore[attr-defined]
+            action = self.server.greylist.decide(request)
             self.wfile.write(f"action={action}\n\n".encode())
             self.wfile.flush()
             request = {}
