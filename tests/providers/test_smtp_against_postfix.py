@@ -9,6 +9,7 @@ arrives there is what a mailbox would hold, so every test reads its message back
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from email import message_from_bytes, policy
 from email.message import EmailMessage
@@ -277,17 +278,18 @@ async def test_a_message_over_the_size_limit_fails_permanently_with_postfix_s_55
 async def test_greylisting_on_first_contact_is_transient_and_the_retry_is_delivered_once(
     postfix_server: Postfix,
 ) -> None:
+    recipient = f"grey-{secrets.token_hex(4)}@example.com"  # a triple never seen before
     provider = await started(postfix_server.url(postfix_server.greylisting_port, pool_size=1))
     try:
         with pytest.raises(TransientProviderError) as caught:
-            await provider.send(email("otp:grey:1", recipient="grey@example.com"))
-        await provider.send(email("otp:grey:1", recipient="grey@example.com"))
+            await provider.send(email("otp:grey:1", recipient=recipient))
+        await provider.send(email("otp:grey:1", recipient=recipient))
     finally:
         await provider.close()
 
     assert caught.value.code == "smtp_450"
     assert "Greylisted" in str(caught.value)
-    assert postfix_server.policy.greylist.deferred("grey@example.com") == 1
+    assert postfix_server.policy.greylist.deferred(recipient) == 1
     assert len(await arrived(postfix_server, "otp:grey:1")) == 1
 
 
