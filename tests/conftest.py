@@ -40,6 +40,7 @@ BOTH_LOOPS = frozenset(
     {
         "test_smtp_provider.py",
         "test_smtp_pipelining.py",
+        "test_smtp_against_postfix.py",
         "test_hostile_smtp.py",
         "test_http_provider.py",
         "test_http_readiness_and_replies.py",

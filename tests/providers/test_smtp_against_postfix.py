@@ -29,6 +29,19 @@ from support.postfix import SIZE_LIMIT, Postfix
 from support.waiting import wait_for_async
 
 CODE = "482913"
+# The test's own prefix of every delivery key (`keyed`): each test runs on both event loops
+# against the one Postfix of the session, and must find only its own messages there.
+_RUN = {"prefix": ""}
+
+
+@pytest.fixture(autouse=True)
+def own_delivery_keys() -> None:
+    _RUN["prefix"] = f"t{secrets.token_hex(4)}:"
+
+
+def keyed(key: str) -> str:
+    """`key` as this test sends it: after its own prefix."""
+    return _RUN["prefix"] + key
 
 
 def email(
@@ -42,7 +55,7 @@ def email(
         outbox_id=1,
         kind="otp",
         aggregate_id="user-1",
-        delivery_key=key,
+        delivery_key=keyed(key),
         recipient=recipient,
         subject=subject,
         text=text or f"Your code is {CODE}.\n",
@@ -76,7 +89,7 @@ async def arrived(server: Postfix, key: str, copies: int = 1) -> list[EmailMessa
     then no other copy can still come."""
 
     def found() -> list[bytes] | None:
-        delivered = server.delivered(key)
+        delivered = server.delivered(keyed(key))
         return delivered if len(delivered) >= copies and server.queue_empty() else None
 
     raw = await wait_for_async(found, what=f"{copies} message(s) of {key} delivered")
@@ -128,7 +141,7 @@ async def test_a_plain_send_arrives_in_the_mailbox_intact_and_exactly_once(
     assert message["To"] == "ada@example.com"
     assert message["Subject"] == "Your verification code"
     assert message["Message-ID"] == result.provider_message_id
-    assert result.provider_message_id == derived_message_id("otp:plain:1", "example.com")
+    assert result.provider_message_id == derived_message_id(keyed("otp:plain:1"), "example.com")
     assert body_of(message) == f"Your code is {CODE}.\n"
     html = message.get_body(("html",))
     assert html is not None
@@ -138,13 +151,13 @@ async def test_a_plain_send_arrives_in_the_mailbox_intact_and_exactly_once(
 async def test_many_sends_at_once_each_arrive_exactly_once(postfix_server: Postfix) -> None:
     provider = await started(postfix_server.url(pool_size=4))
     try:
-        await asyncio.gather(*(provider.send(email(f"otp:many:{n}:")) for n in range(20)))
+        await asyncio.gather(*(provider.send(email(f"otp:many:{n}")) for n in range(20)))
     finally:
         await provider.close()
 
     for n in range(20):
-        assert len(await arrived(postfix_server, f"otp:many:{n}:")) == 1
-    assert postfix_server.count("otp:many:") == 20
+        assert len(await arrived(postfix_server, f"otp:many:{n}")) == 1
+    assert postfix_server.count(keyed("otp:many:")) == 20
 
 
 async def test_the_envelope_goes_in_one_write_when_postfix_offers_pipelining(
@@ -199,7 +212,7 @@ async def test_a_subject_sender_and_body_in_other_scripts_arrive_intact_as_7bit(
     assert message["Subject"] == subject
     assert message["From"] == sender
     assert text_part(message)["Content-Transfer-Encoding"] == "quoted-printable"
-    [raw] = postfix_server.delivered("otp:8bit:1")
+    [raw] = postfix_server.delivered(keyed("otp:8bit:1"))
     assert raw.isascii()  # 7-bit on the wire: no server needs 8BITMIME or SMTPUTF8 for it
 
 
@@ -222,7 +235,7 @@ async def test_a_non_ascii_local_part_is_refused_before_a_byte_is_sent(
     assert caught.value.code == "invalid_message"  # no header can hold it either
     await provider.send(email("otp:utf8-local:2"))  # the next message, on the same connection
     assert len(await arrived(postfix_server, "otp:utf8-local:2")) == 1
-    assert postfix_server.delivered("otp:utf8-local:1") == []
+    assert postfix_server.delivered(keyed("otp:utf8-local:1")) == []
 
 
 async def test_starttls_is_negotiated_with_a_verified_certificate(
@@ -258,7 +271,7 @@ async def test_a_certificate_of_an_unknown_ca_is_refused_and_nothing_is_sent(
         what="Postfix logging both refused handshakes",
     )
     assert postfix_server.queue_empty()
-    assert postfix_server.delivered("otp:wrong-ca:1") == []
+    assert postfix_server.delivered(keyed("otp:wrong-ca:1")) == []
 
 
 async def test_a_message_over_the_size_limit_fails_permanently_with_postfix_s_552(
@@ -272,7 +285,7 @@ async def test_a_message_over_the_size_limit_fails_permanently_with_postfix_s_55
     assert caught.value.code == "smtp_552"
     assert "552 5.3.4 Message size exceeds fixed limit" in str(caught.value)
     assert len(await arrived(postfix_server, "otp:big:2")) == 1
-    assert postfix_server.delivered("otp:big:1") == []
+    assert postfix_server.delivered(keyed("otp:big:1")) == []
 
 
 async def test_greylisting_on_first_contact_is_transient_and_the_retry_is_delivered_once(
@@ -301,7 +314,7 @@ async def test_lines_that_start_with_a_dot_arrive_unchanged(
 
     [message] = await arrived(postfix_server, "otp:dots:1")
     assert body_of(message) == text
-    [raw] = postfix_server.delivered("otp:dots:1")
+    [raw] = postfix_server.delivered(keyed("otp:dots:1"))
     assert raw.endswith(b"\n.\n..\n.leading dot\n...three\nmiddle . dot\n.\n")
 
 
@@ -315,6 +328,6 @@ async def test_a_line_over_998_characters_arrives_folded_by_quoted_printable(
     [message] = await arrived(postfix_server, "otp:long:1")
     assert body_of(message) == text
     assert text_part(message)["Content-Transfer-Encoding"] == "quoted-printable"
-    [raw] = postfix_server.delivered("otp:long:1")
+    [raw] = postfix_server.delivered(keyed("otp:long:1"))
     body = raw.split(b"\n\n", 1)[1]
     assert max(map(len, body.split(b"\n"))) <= 76  # quoted-printable's soft line breaks
