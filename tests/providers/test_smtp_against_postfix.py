@@ -2,8 +2,9 @@
 
 The private instance (`support.postfix`) offers PIPELINING, 8BITMIME, SMTPUTF8, STARTTLS
 with a certificate made for the run and SIZE, greylists on one port and hides PIPELINING on
-another, refuses a client that pipelines where it may not, and delivers into a Maildir. What
-arrives there is what a mailbox would hold, so every test reads its message back from it.
+another, hangs up on a client that writes past DATA before its 354, and delivers into a
+Maildir. What arrives there is what a mailbox would hold, so every test reads its message
+back from it.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ async def test_many_sends_at_once_each_arrive_exactly_once(postfix_server: Postf
 async def test_the_envelope_goes_in_one_write_when_postfix_offers_pipelining(
     postfix_server: Postfix,
 ) -> None:
+    logged = len(postfix_server.log())
     provider = await started(postfix_server.url(pool_size=1))
     try:
         recording = recorded(provider)
@@ -176,12 +178,37 @@ async def test_the_envelope_goes_in_one_write_when_postfix_offers_pipelining(
     assert all(b"\r\nRCPT TO:<ada@example.com>\r\nDATA\r\n" in w for w in envelopes)
     for n in range(3):
         assert len(await arrived(postfix_server, f"otp:pipelined:{n}")) == 1
-    assert "improper command pipelining" not in postfix_server.log()
+    assert "improper command pipelining" not in postfix_server.log()[logged:]
+
+
+async def test_postfix_hangs_up_on_a_client_that_writes_the_message_before_the_354(
+    postfix_server: Postfix,
+) -> None:
+    """What the pipelining tests rely on: Postfix notices and logs the breach."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", postfix_server.port)
+    await reader.readline()
+    writer.write(b"EHLO careless.example\r\n")
+    while (await reader.readline())[3:4] != b" ":
+        pass
+    writer.write(
+        b"MAIL FROM:<a@example.com>\r\nRCPT TO:<ada@example.com>\r\nDATA\r\n"
+        b"Subject: too early\r\n\r\nhi\r\n.\r\n"
+    )
+    replies = [await reader.readline() for _ in range(3)]
+    writer.close()
+
+    assert replies[2].startswith(b"554 5.5.0")
+    assert await reader.read() == b""
+    await wait_for_async(
+        lambda: "improper command pipelining after DATA" in postfix_server.log(),
+        what="Postfix logging the breach",
+    )
 
 
 async def test_each_command_waits_for_its_reply_when_postfix_does_not_offer_pipelining(
     postfix_server: Postfix,
 ) -> None:
+    logged = len(postfix_server.log())
     provider = await started(postfix_server.url(postfix_server.no_pipelining_port, pool_size=1))
     try:
         recording = recorded(provider)
@@ -192,7 +219,7 @@ async def test_each_command_waits_for_its_reply_when_postfix_does_not_offer_pipe
     commands = [w.split(b":")[0].strip() for w in recording.writes if len(w) < 200]
     assert commands[:3] == [b"MAIL FROM", b"RCPT TO", b"DATA"]
     assert len(await arrived(postfix_server, "otp:unpipelined:1")) == 1
-    assert "improper command pipelining" not in postfix_server.log()
+    assert "improper command pipelining" not in postfix_server.log()[logged:]
 
 
 async def test_a_subject_sender_and_body_in_other_scripts_arrive_intact_as_7bit(

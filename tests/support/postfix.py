@@ -9,8 +9,11 @@ The instance listens on three free ports of 127.0.0.1, one `smtpd` each (master.
 overrides): `port` offers everything (PIPELINING, 8BITMIME, SMTPUTF8, STARTTLS with a
 certificate made for the run, SIZE with `message_size_limit`); `no_pipelining_port` the same
 without PIPELINING; `greylisting_port` asks a greylisting policy service at RCPT
-(`support.postfix_policy`), a 450 on a triple's first contact. Every port refuses a client
-that pipelines where it may not (`reject_unauth_pipelining`).
+(`support.postfix_policy`), a 450 on a triple's first contact. Every port hangs up on a
+client that writes past a command that must end a pipelined group, such as the message
+before the 354 that answers DATA, and logs "improper command pipelining"
+(`smtpd_forbid_unauth_pipelining`). Postfix cannot tell a client that pipelines MAIL and
+RCPT without PIPELINING from one that waits: only the client's writes show that.
 
 Everything accepted is delivered by Postfix's `virtual` agent into one Maildir, `inbox`;
 a test finds its message there by its delivery key. The log goes to a file (`maillog_file`).
@@ -75,6 +78,7 @@ def _main_cf(directory: Path, tls: Certificates, policy_port: int) -> str:
         "relay_domains": "",
         "smtpd_relay_restrictions": "reject_unauth_destination",
         "smtpd_data_restrictions": "reject_unauth_pipelining",
+        "smtpd_forbid_unauth_pipelining": "yes",
         "smtpd_error_sleep_time": "0s",
         "in_flow_delay": "0s",
         "message_size_limit": str(SIZE_LIMIT),
