@@ -213,15 +213,19 @@ def _master_running(directory: Path) -> bool:
     return True
 
 
+def _log_tail(directory: Path) -> str:
+    path = directory / "maillog"
+    return path.read_text("utf-8", "replace")[-1500:] if path.exists() else ""
+
+
 def _until(check: Callable[[], bool], timeout: float, what: str, directory: Path) -> None:
-    """Poll `check` until it holds; PostfixUnavailable with the log's tail if it never does."""
+    """Poll `check` until it holds; RuntimeError with the log's tail if it never does."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.05)
-    log = (directory / "maillog").read_text("utf-8", "replace") if directory.exists() else ""
-    raise PostfixUnavailable(f"postfix: {what} within {timeout:.0f} s; log tail: {log[-1500:]}")
+    raise RuntimeError(f"postfix: {what} within {timeout:.0f} s; log: {_log_tail(directory)}")
 
 
 @contextmanager
@@ -248,15 +252,16 @@ def running_postfix(parent: Path | None = None) -> Iterator[Postfix]:
         (config / "master.cf").write_text(_master_cf(*ports))
         done = _run([program, "-c", str(config), "start"])
         started = True
-        if done.returncode != 0:
-            log = (directory / "maillog").read_text("utf-8", "replace")[-1500:]
-            raise PostfixUnavailable(f"postfix start failed: {done.stderr.strip()} {log}")
+        if done.returncode != 0:  # a broken instance is an error, never a skip
+            raise RuntimeError(f"postfix start failed: {done.stderr} {_log_tail(directory)}")
         _until(lambda: all(map(_listening, ports)), 30, "no smtpd listening", directory)
         version = _run(["postconf", "-c", str(config), "-h", "mail_version"]).stdout.strip()
         yield Postfix(directory, *ports, certificates, policy, version)
     finally:
-        if started:
-            _run([program, "-c", str(directory / "etc"), "stop"])
-            _until(lambda: not _master_running(directory), 30, "master did not stop", directory)
-        policy.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+        try:
+            if started:
+                _run([program, "-c", str(directory / "etc"), "stop"])
+                _until(lambda: not _master_running(directory), 30, "no stop", directory)
+        finally:
+            policy.stop()
+            shutil.rmtree(directory, ignore_errors=True)
