@@ -149,7 +149,7 @@ def _within_76(encoded: bytes) -> bytes:
     """
     lines = encoded.split(b"\r\n")
     for n, line in enumerate(lines):
-        if len(line) > 76:
+        if len(line) > 76 and line[-3:-2] == b"=":
             lines[n] = line[:-3] + b"=\r\n" + line[-3:]
     return b"\r\n".join(lines)
 
