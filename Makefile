@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install leasebox with its development tools
 
-tools: ## install system tools the tests use (promtool, kubectl, chromium) when missing and running as root
+tools: ## install system tools the tests use (promtool, kubectl, chromium, postfix) when missing and running as root
 	@if ! command -v promtool >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing promtool (Debian package prometheus)"; \
@@ -37,6 +37,13 @@ tools: ## install system tools the tests use (promtool, kubectl, chromium) when 
 	    echo "installing kubectl (Debian package kubernetes-client)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
 	  else echo "kubectl is missing: install the kubernetes-client package" >&2; fi; \
+	fi
+	@if ! command -v postfix >/dev/null 2>&1 && [ ! -x /usr/sbin/postfix ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing postfix (Debian package postfix, the real mail server of the SMTP tests; no instance of its own is configured)"; \
+	    echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix >/dev/null; \
+	  else echo "postfix is missing: install the postfix package" >&2; fi; \
 	fi
 	@if ! command -v chromium >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -95,11 +102,13 @@ bench: bench-deps ## every target of the performance issue beside its yardstick 
 	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.operator_cost
 	$(BIN)/python -m bench.burst
+	$(BIN)/python -m bench.smtp_postfix
 
 bench-quick: bench-deps ## the same benchmarks at small sizes, a few minutes: checks the harness, not the figures
 	LEASEBOX_ALLOW_PLAINTEXT_SECRETS=1 $(BIN)/python -m bench.run --quick $(BENCH_ARGS)
 	$(BIN)/python -m bench.operator_cost --quick
 	$(BIN)/python -m bench.burst --quick
+	$(BIN)/python -m bench.smtp_postfix --quick
 
 mutate: install ## the mutation gate: every curated break of a guarantee must fail a test by assertion
 	$(BIN)/python -m tools.mutate

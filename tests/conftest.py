@@ -8,7 +8,8 @@ be had fails the test instead of skipping it.
 Fixtures are named by what they are, with one prefix per kind of thing, in every directory:
 `db_*` for a database and what is bound to it (`db_dsn`, `db_conn`, `db_aconn`, `db_pool`,
 `db_now`, `db_insert`), `fake_*` for a test double (`fake_provider`, `fake_clock`), and
-`<protocol>_server` for a real server on loopback (`smtp_server`, `smtp_starttls_server`).
+`<protocol>_server` for a real server on loopback (`smtp_server`, `smtp_starttls_server`,
+`postfix_server`).
 The rigs they are built from live in `support/`.
 """
 
@@ -27,7 +28,7 @@ from psycopg import conninfo, sql
 
 from leasebox.db.migrations import migrate
 
-pytest_plugins = ["support.cluster.fixtures"]
+pytest_plugins = ["support.cluster.fixtures", "support.postfix_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
@@ -39,6 +40,7 @@ BOTH_LOOPS = frozenset(
     {
         "test_smtp_provider.py",
         "test_smtp_pipelining.py",
+        "test_smtp_against_postfix.py",
         "test_hostile_smtp.py",
         "test_http_provider.py",
         "test_http_readiness_and_replies.py",

@@ -91,6 +91,21 @@ def test_a_text_body_round_trips_in_7bit_or_quoted_printable_lines(
     assert got.get_content() == expected
 
 
+@pytest.mark.parametrize("tail", [" ", "\t", "  ", "é "])
+@pytest.mark.parametrize("width", [*range(145, 152), 2400])
+def test_quoted_printable_lines_stay_within_76_characters_when_a_space_ends_a_long_line(
+    width: int, tail: str
+) -> None:
+    text = "".join(f"{n:05d} " for n in range(width))[:width] + tail + "\nnext\n"
+    raw = build_mime(message(text=text), SENDER, recipient="ada@example.com")
+
+    got = parsed(raw)
+    assert got["Content-Transfer-Encoding"] == "quoted-printable"
+    assert got.get_content() == text
+    body = raw.split(b"\r\n\r\n", 1)[1]
+    assert max(map(len, lines_of(body))) <= 76  # RFC 2045, 6.7
+
+
 def test_html_is_a_multipart_alternative_beside_the_text() -> None:
     html = "<p>Ваш код: <b>482913</b></p>" + "<span>x</span>" * 30
     raw = build_mime(message(html=html), SENDER, recipient="ada@example.com")

@@ -134,7 +134,24 @@ def _body(text: str) -> tuple[str, bytes]:
     else:
         wire = text.replace("\n", "\r\n").encode("utf-8", "replace")
     # With CRLF line ends in, b2a_qp writes CRLF line ends (soft breaks too) out.
-    return "quoted-printable", binascii.b2a_qp(wire, quotetabs=False, istext=True, header=False)
+    encoded = binascii.b2a_qp(wire, quotetabs=False, istext=True, header=False)
+    if b"=20\r\n" in encoded or b"=09\r\n" in encoded:
+        encoded = _within_76(encoded)
+    return "quoted-printable", encoded
+
+
+def _within_76(encoded: bytes) -> bytes:
+    """`encoded` with every line at most 76 characters, as RFC 2045 (6.7) requires.
+
+    b2a_qp breaks a long line at 75 characters and a soft `=`, but a space or tab that ends
+    a line becomes `=20` or `=09` after that check: a line then ends 77 characters long.
+    Such a line gets one more soft break, before its last escape.
+    """
+    lines = encoded.split(b"\r\n")
+    for n, line in enumerate(lines):
+        if len(line) > 76 and line[-3:-2] == b"=":
+            lines[n] = line[:-3] + b"=\r\n" + line[-3:]
+    return b"\r\n".join(lines)
 
 
 def _short_lines(text: str) -> bool:
