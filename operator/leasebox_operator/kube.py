@@ -17,7 +17,8 @@ import binascii
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -176,6 +177,45 @@ class Kube:
             raise
         return True
 
+    async def _deployments(self, namespace: str | None, **options: Any) -> Any:
+        """The raw response of a list or watch of Deployments (all namespaces for None)."""
+        apps = self.apps
+        if namespace is None:
+            response = await apps.list_deployment_for_all_namespaces_without_preload_content(
+                **options
+            )
+        else:
+            response = await apps.list_namespaced_deployment_without_preload_content(
+                namespace, **options
+            )
+        if not 200 <= response.status <= 299:
+            response.release()
+            raise client.ApiException(status=response.status, reason=response.reason)
+        return response
+
+    async def list_deployments(self, namespace: str | None, selector: str) -> dict[str, Any]:
+        """The Deployments `selector` matches, as the server's JSON: raw, as the watch's
+        events are, so that a list of hundreds costs no model objects."""
+        async with await self._deployments(namespace, label_selector=selector) as response:
+            return cast(dict[str, Any], json.loads(await response.read()))
+
+    async def watch_deployments(
+        self, namespace: str | None, selector: str, version: str, seconds: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The watch events (`type`, `object`) after `version`, for `seconds` at most."""
+        options: dict[str, Any] = {
+            "label_selector": selector,
+            "watch": True,
+            "resource_version": version,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": seconds,
+            "_request_timeout": seconds + 30.0,
+        }
+        async with await self._deployments(namespace, **options) as response:
+            async for line in response.content:
+                if line.strip():
+                    yield json.loads(line)
+
     async def scale(self, namespace: str, deployment: str, replicas: int) -> None:
         """Set the Deployment's replicas through its `scale` subresource."""
         await self.apps.patch_namespaced_deployment_scale(
@@ -294,28 +334,83 @@ class Kube:
         return True
 
 
-class PoolKubeAdapter:
-    """The poll loop's view of Kubernetes for one pool (implements `polling.PoolKube`)."""
+@dataclass(frozen=True)
+class CachedDeployment:
+    """A worker Deployment as the watch last delivered it, with its generation."""
 
-    def __init__(self, kube: Kube, body: Mapping[str, Any], namespace: str, deployment: str):
+    state: DeploymentState
+    generation: int
+
+
+def cached_deployment(body: Mapping[str, Any]) -> CachedDeployment:
+    """What the poll needs of a Deployment object (from a watch event or a read)."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    return CachedDeployment(
+        DeploymentState(
+            replicas=int(spec.get("replicas") or 0),
+            ready_replicas=int(status.get("readyReplicas") or 0),
+            available_replicas=int(status.get("availableReplicas") or 0),
+        ),
+        int((body.get("metadata") or {}).get("generation") or 0),
+    )
+
+
+# Worker Deployments by (namespace, name), fed by a watch (`handlers.WorkerDeployments`).
+DeploymentCache = Mapping[tuple[str, str], CachedDeployment]
+
+
+class PoolKubeAdapter:
+    """The poll loop's view of Kubernetes for one pool (implements `polling.PoolKube`).
+
+    The Deployment is read from `cache` (the operator's watch of its worker Deployments)
+    when it holds the pool's: a poll then costs no request. It is read from the API when
+    the cache has nothing for it (a Deployment just created, or no cache). After a scale,
+    the cache may still hold the Deployment of before it until the watch delivers the
+    change; the replicas asked for are reported until the cache shows a newer generation,
+    so a poll never scales twice or reports the old count.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        body: Mapping[str, Any],
+        namespace: str,
+        deployment: str,
+        cache: DeploymentCache | None = None,
+    ):
         self.kube = kube
         self.body = body
         self.namespace = namespace
         self.deployment = deployment
+        self.cache = cache
+        self.seen: CachedDeployment | None = None
+        self.scaled_to: tuple[int, int] | None = None  # (generation before, replicas asked)
+
+    def _cached(self) -> CachedDeployment | None:
+        if self.cache is None:
+            return None
+        return self.cache.get((self.namespace, self.deployment))
 
     async def read_deployment(self) -> DeploymentState | None:
-        found = await self.kube.read("Deployment", self.namespace, self.deployment)
-        if found is None:
+        seen = self._cached()
+        if seen is None:
+            found = await self.kube.read("Deployment", self.namespace, self.deployment)
+            seen = None if found is None else cached_deployment(found)
+            self.scaled_to = None
+        self.seen = seen
+        if seen is None:
             return None
-        status = found.get("status") or {}
-        return DeploymentState(
-            replicas=int((found.get("spec") or {}).get("replicas") or 0),
-            ready_replicas=int(status.get("readyReplicas") or 0),
-            available_replicas=int(status.get("availableReplicas") or 0),
-        )
+        if self.scaled_to is not None:
+            before, replicas = self.scaled_to
+            if seen.generation <= before:
+                return replace(seen.state, replicas=replicas)
+            self.scaled_to = None
+        return seen.state
 
     async def scale(self, replicas: int) -> None:
         await self.kube.scale(self.namespace, self.deployment, replicas)
+        if self.seen is not None:
+            self.scaled_to = (self.seen.generation, replicas)
 
     async def event(self, type_: str, reason: str, message: str) -> None:
         await self.kube.post_event(self.body, type_, reason, message)
