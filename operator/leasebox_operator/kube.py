@@ -1,13 +1,12 @@
 """The operator's Kubernetes calls, on the official client, as plain dicts.
 
-Everything the operator reads or writes besides what kopf itself watches goes through
+Everything the operator reads, watches or writes besides what kopf watches goes through
 here: children are *applied* with server-side apply under one field manager, never forcing
-on the first try, so that a conflict with another manager comes back as `FieldConflict`
-and the caller decides (see `reconcile._apply_child`), the
-worker replicas change only through the Deployment's `scale` subresource, Secrets are
-read key by key, the pool's status is merge-patched, and Events are posted as the
-operator's own (kopf's are turned off). Callers see dicts, `None` for "not found" and
-`PoolProblem`s for what a person has to fix.
+on the first try, so that a conflict with another manager comes back as `FieldConflict` and
+the caller decides (see `reconcile._apply_child`), the worker replicas change only through
+the Deployment's `scale` subresource, Secrets are read key by key, the pool's status is
+merge-patched, and Events are posted as the operator's own (kopf's are turned off). Callers
+see dicts, `None` for "not found" and `PoolProblem`s for what a person has to fix.
 """
 
 from __future__ import annotations
@@ -180,14 +179,11 @@ class Kube:
     async def _deployments(self, namespace: str | None, **options: Any) -> Any:
         """The raw response of a list or watch of Deployments (all namespaces for None)."""
         apps = self.apps
-        if namespace is None:
-            response = await apps.list_deployment_for_all_namespaces_without_preload_content(
-                **options
-            )
-        else:
-            response = await apps.list_namespaced_deployment_without_preload_content(
-                namespace, **options
-            )
+        response = await (
+            apps.list_deployment_for_all_namespaces_without_preload_content(**options)
+            if namespace is None
+            else apps.list_namespaced_deployment_without_preload_content(namespace, **options)
+        )
         if not 200 <= response.status <= 299:
             response.release()
             raise client.ApiException(status=response.status, reason=response.reason)
@@ -203,14 +199,9 @@ class Kube:
         self, namespace: str | None, selector: str, version: str, seconds: int
     ) -> AsyncIterator[dict[str, Any]]:
         """The watch events (`type`, `object`) after `version`, for `seconds` at most."""
-        options: dict[str, Any] = {
-            "label_selector": selector,
-            "watch": True,
-            "resource_version": version,
-            "allow_watch_bookmarks": True,
-            "timeout_seconds": seconds,
-            "_request_timeout": seconds + 30.0,
-        }
+        options: dict[str, Any] = {"label_selector": selector, "resource_version": version}
+        options |= {"watch": True, "allow_watch_bookmarks": True, "timeout_seconds": seconds}
+        options |= {"_request_timeout": seconds + 30.0}
         async with await self._deployments(namespace, **options) as response:
             async for line in response.content:
                 if line.strip():
@@ -345,14 +336,9 @@ class CachedDeployment:
 def cached_deployment(body: Mapping[str, Any]) -> CachedDeployment:
     """What the poll needs of a Deployment object (from a watch event or a read)."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    return CachedDeployment(
-        DeploymentState(
-            replicas=int(spec.get("replicas") or 0),
-            ready_replicas=int(status.get("readyReplicas") or 0),
-            available_replicas=int(status.get("availableReplicas") or 0),
-        ),
-        int((body.get("metadata") or {}).get("generation") or 0),
-    )
+    ready, available = int(status.get("readyReplicas") or 0), status.get("availableReplicas")
+    state = DeploymentState(int(spec.get("replicas") or 0), ready, int(available or 0))
+    return CachedDeployment(state, int((body.get("metadata") or {}).get("generation") or 0))
 
 
 # Worker Deployments by (namespace, name), fed by a watch (`handlers.WorkerDeployments`).
@@ -362,12 +348,9 @@ DeploymentCache = Mapping[tuple[str, str], CachedDeployment]
 class PoolKubeAdapter:
     """The poll loop's view of Kubernetes for one pool (implements `polling.PoolKube`).
 
-    The Deployment is read from `cache` (the operator's watch of its worker Deployments)
-    when it holds the pool's: a poll then costs no request. It is read from the API when
-    the cache has nothing for it (a Deployment just created, or no cache). After a scale,
-    the cache may still hold the Deployment of before it until the watch delivers the
-    change; the replicas asked for are reported until the cache shows a newer generation,
-    so a poll never scales twice or reports the old count.
+    The Deployment comes from `cache` (a watch) at no request, else from a read. Right
+    after a scale the watch may lag: the replicas asked for are reported until it shows a
+    newer generation, so a poll never scales twice or reports the old count.
     """
 
     def __init__(
