@@ -33,6 +33,7 @@ def test_the_operator_cost_harness_counts_polls_requests_and_cpu_of_every_pool(
         # An idle pool writes its status once per heartbeat: one a second, so the window
         # holds requests to count.
         environ={"LEASEBOX_OPERATOR_STATUS_HEARTBEAT": "1"},
+        settle_limit=0,
     )
     assert cost.all_polled
     assert cost.polled_pools == 3

@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 from kubernetes.aio.client import ApiException
 
+from leasebox_operator import alerts
 from leasebox_operator.conditions import SLA_MET, ConditionUpdate
 from leasebox_operator.connection import KubeConnection
 from leasebox_operator.database import ConnectionPools
@@ -302,3 +303,12 @@ def test_the_default_stagger_spreads_first_polls_over_the_interval() -> None:
     waits = [runtime.stagger(5.0) for _ in range(200)]
     assert all(0 <= wait <= 5.0 for wait in waits)
     assert min(waits) < 1.0 < 4.0 < max(waits)
+
+
+def test_every_pools_alert_rules_come_from_one_parse_each_a_copy_of_its_own() -> None:
+    alerts._parsed_groups.cache_clear()
+    first = alerts.pool_groups("mail", "otp")
+    first[0]["rules"][0]["labels"]["severity"] = "changed"
+    second = alerts.pool_groups("mail", "sms")
+    assert second[0]["rules"][0]["labels"]["severity"] != "changed"
+    assert alerts._parsed_groups.cache_info().misses == 1
