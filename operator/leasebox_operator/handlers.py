@@ -11,8 +11,9 @@ put back even when its pool does not change.
 What a poll costs is kept small because one operator serves hundreds of pools: the
 worker Deployments are read from one watch (`WorkerDeployments`) rather than one GET per
 poll, a status is written only when something material changed (see
-`status`), and each pool's first poll waits a random part of its interval, so pools
-started together (an operator's start, a bulk apply) spread their polls over the interval.
+`status`), and each pool's first poll waits a random part of its interval (its first
+resync a random part of the resync period), so pools started together (an operator's
+start, a bulk apply) spread their polls over the interval.
 """
 
 from __future__ import annotations
@@ -324,11 +325,13 @@ async def poll_pool(
         metrics=runtime.metrics,
         max_backoff_seconds=runtime.settings.max_poll_backoff_seconds,
     )
-    resynced = time.monotonic()
+    # Pools started together spread their first poll over the interval and their resyncs
+    # over the resync period, so that neither comes in bursts.
+    resynced = time.monotonic() - runtime.stagger(runtime.settings.resync_seconds)
     await stopped.wait(runtime.stagger(_interval(body)))
     while not stopped and not runtime.closed:
         resync = time.monotonic() - resynced >= runtime.settings.resync_seconds
-        delay = await _poll(poller, body, runtime, writer, resync=resync)
+        delay = await _poll(poller, kube, body, runtime, writer, resync=resync)
         if resync:
             resynced = time.monotonic()
         await stopped.wait(delay)
@@ -353,9 +356,19 @@ async def _resync(runtime: Runtime, body: kopf.Body, pool: Pool, writer: StatusW
 
 
 async def _poll(
-    poller: PoolPoller, body: kopf.Body, runtime: Runtime, writer: StatusWriter, *, resync: bool
+    poller: PoolPoller,
+    kube: PoolKubeAdapter,
+    body: kopf.Body,
+    runtime: Runtime,
+    writer: StatusWriter,
+    *,
+    resync: bool,
 ) -> float:
-    """One iteration of the loop; never raises except to cancel."""
+    """One iteration of the loop; never raises except to cancel.
+
+    The children are applied again every resync period, and at once when the worker
+    Deployment is missing or its spec changed (the watch shows a new generation), so an
+    edit of the Deployment made by hand is put back on the next poll."""
     try:
         pool: Pool = reconcile.parse_pool(body)
     except PoolProblem:
@@ -364,7 +377,8 @@ async def _poll(
         if resync:
             await _resync(runtime, body, pool, writer)  # puts back drift made by hand
         delay = await poller.poll_once(pool.spec, body.metadata.get("generation"))
-        if poller.deployment_missing:
+        if poller.deployment_missing or kube.changed:
+            kube.changed = False
             await _resync(runtime, body, pool, writer)
     except asyncio.CancelledError:
         raise

@@ -190,8 +190,7 @@ class Kube:
         return response
 
     async def list_deployments(self, namespace: str | None, selector: str) -> dict[str, Any]:
-        """The Deployments `selector` matches, as the server's JSON: raw, as the watch's
-        events are, so that a list of hundreds costs no model objects."""
+        """The Deployments `selector` matches, as raw JSON (hundreds cost no model objects)."""
         async with await self._deployments(namespace, label_selector=selector) as response:
             return cast(dict[str, Any], json.loads(await response.read()))
 
@@ -341,16 +340,15 @@ def cached_deployment(body: Mapping[str, Any]) -> CachedDeployment:
     return CachedDeployment(state, int((body.get("metadata") or {}).get("generation") or 0))
 
 
-# Worker Deployments by (namespace, name), fed by a watch (`handlers.WorkerDeployments`).
 DeploymentCache = Mapping[tuple[str, str], CachedDeployment]
 
 
 class PoolKubeAdapter:
     """The poll loop's view of Kubernetes for one pool (implements `polling.PoolKube`).
 
-    The Deployment comes from `cache` (a watch) at no request, else from a read. Right
-    after a scale the watch may lag: the replicas asked for are reported until it shows a
-    newer generation, so a poll never scales twice or reports the old count.
+    The Deployment comes from `cache` (a watch) at no request, else from a read. After a
+    scale the replicas asked for are reported until the watch shows a newer generation. A
+    new generation not of a scale sets `changed`: the loop applies the children again.
     """
 
     def __init__(
@@ -368,6 +366,7 @@ class PoolKubeAdapter:
         self.cache = cache
         self.seen: CachedDeployment | None = None
         self.scaled_to: tuple[int, int] | None = None  # (generation before, replicas asked)
+        self.changed = False
 
     def _cached(self) -> CachedDeployment | None:
         if self.cache is None:
@@ -380,14 +379,16 @@ class PoolKubeAdapter:
             found = await self.kube.read("Deployment", self.namespace, self.deployment)
             seen = None if found is None else cached_deployment(found)
             self.scaled_to = None
-        self.seen = seen
+        previous, self.seen = self.seen, seen
         if seen is None:
             return None
         if self.scaled_to is not None:
             before, replicas = self.scaled_to
             if seen.generation <= before:
                 return replace(seen.state, replicas=replicas)
-            self.scaled_to = None
+            self.scaled_to = None  # the newer generation is the scale's
+        elif previous is not None and seen.generation != previous.generation:
+            self.changed = True
         return seen.state
 
     async def scale(self, replicas: int) -> None:

@@ -172,6 +172,28 @@ async def test_a_scale_is_reported_until_the_watch_delivers_the_newer_generation
     assert kube.reads == 0
 
 
+async def test_a_new_generation_of_the_deployment_asks_for_its_children_again() -> None:
+    cache = {("mail", "otp-worker"): cached_deployment(_deployment(1, 1, 4))}
+    adapter = _adapter(FakeKube(None), cache)
+    await adapter.read_deployment()
+    await adapter.read_deployment()
+    assert not adapter.changed
+    cache[("mail", "otp-worker")] = cached_deployment(_deployment(1, 1, 5))  # a hand edit
+    await adapter.read_deployment()
+    assert adapter.changed
+
+
+async def test_the_operators_own_scale_is_not_a_change_to_put_back() -> None:
+    cache = {("mail", "otp-worker"): cached_deployment(_deployment(1, 1, 4))}
+    adapter = _adapter(FakeKube(None), cache)
+    await adapter.read_deployment()
+    await adapter.scale(3)
+    cache[("mail", "otp-worker")] = cached_deployment(_deployment(3, 1, 5))
+    assert (await adapter.read_deployment()).replicas == 3
+    await adapter.read_deployment()
+    assert not adapter.changed
+
+
 class FakeWatchApi:
     """`Kube.list_deployments` and `Kube.watch_deployments`: one list, then scripted watches."""
 
@@ -281,7 +303,7 @@ def _body(interval: int) -> kopf.Body:
     return kopf.Body({"metadata": {"name": "otp", "namespace": "mail"}, "spec": spec})
 
 
-async def test_a_pools_first_poll_waits_its_stagger_within_the_interval() -> None:
+async def test_a_pools_first_poll_and_first_resync_are_staggered() -> None:
     settings = OperatorSettings()
     runtime = Runtime(settings, OperatorMetrics(), ConnectionPools(settings), KubeConnection())
     asked: list[float] = []
@@ -294,7 +316,7 @@ async def test_a_pools_first_poll_waits_its_stagger_within_the_interval() -> Non
     stopped = Stopped()
     daemon: Any = poll_pool  # the function kopf calls, with the arguments it passes
     await daemon(stopped=stopped, body=_body(8), memo=kopf.Memo(runtime=runtime))
-    assert (asked, stopped.waits) == ([8.0], [2.0])
+    assert (asked, stopped.waits) == ([300.0, 8.0], [2.0])  # the resync period, the interval
 
 
 def test_the_default_stagger_spreads_first_polls_over_the_interval() -> None:
