@@ -10,6 +10,7 @@ are equal). Alerts about the operator itself (`up` of its job) are fleet-wide on
 
 from __future__ import annotations
 
+import copy
 import re
 from functools import cache
 from importlib import resources
@@ -28,11 +29,19 @@ def rules_text() -> str:
     return resources.files("leasebox_operator").joinpath("rules", RULES_FILE).read_text("utf-8")
 
 
-def rule_groups(runbook_base_url: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
-    """Every group of the rules file, with runbook links under `runbook_base_url`."""
+@cache
+def _parsed_groups(runbook_base_url: str) -> list[dict[str, Any]]:
+    """The rules file parsed once per runbook base: every pool's resync builds its
+    PrometheusRule from it, and parsing the YAML each time cost more than the poll."""
     text = rules_text().replace(RUNBOOK_BASE, runbook_base_url.rstrip("/"))
     groups: list[dict[str, Any]] = yaml.safe_load(text)["groups"]
     return groups
+
+
+def rule_groups(runbook_base_url: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """Every group of the rules file, with runbook links under `runbook_base_url` (a copy
+    of its own for each caller)."""
+    return copy.deepcopy(_parsed_groups(runbook_base_url))
 
 
 def is_pool_alert(rule: dict[str, Any]) -> bool:

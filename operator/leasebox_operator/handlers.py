@@ -7,24 +7,40 @@ A spec the models reject is reported as `Ready=False` with the reason and left a
 until it changes: a bad spec never becomes a retry loop or a crashing daemon. The poll
 loop applies the children again every resync period, so a Deployment edited by hand is
 put back even when its pool does not change.
+
+What a poll costs is kept small because one operator serves hundreds of pools: the
+worker Deployments are read from one watch (`WorkerDeployments`) rather than one GET per
+poll, a status is written only when something material changed (see
+`status`), and each pool's first poll waits a random part of its interval (its first
+resync a random part of the resync period), so pools started together (an operator's
+start, a bulk apply) spread their polls over the interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.aio.client import ApiException
 
 from leasebox_operator import reconcile
-from leasebox_operator.children import Pool, selector
+from leasebox_operator.children import MANAGED_BY, Pool, selector
 from leasebox_operator.connection import KubeConnection
 from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
 from leasebox_operator.errors import PoolProblem
-from leasebox_operator.kube import Kube, PoolKubeAdapter
+from leasebox_operator.kube import (
+    CachedDeployment,
+    DeploymentCache,
+    Kube,
+    PoolKubeAdapter,
+    cached_deployment,
+)
 from leasebox_operator.metrics import OperatorMetrics
 from leasebox_operator.models import GROUP, PLURAL, VERSION, PoolStatus
 from leasebox_operator.polling import PoolPoller, backoff_delay
@@ -35,6 +51,83 @@ RESOURCE = (GROUP, VERSION, PLURAL)
 INVALID_SPEC_RECHECK_SECONDS = 5.0
 PROBLEM_RECHECK_SECONDS = 30.0
 logger = logging.getLogger("leasebox_operator")
+WORKERS = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+WATCH_SECONDS = 240  # the server ends a watch after this; it resumes from its last version
+WATCH_RETRY_SECONDS = 5.0
+WATCH_FORBIDDEN_RETRY_SECONDS = 300.0
+
+
+class WorkerDeployments:
+    """The operator's worker Deployments in one scope (a namespace, None: all), kept by a
+    watch with a label selector: the server sends only the operator's Deployments.
+
+    Polls read `items`; a Deployment it lacks is read from the API (`PoolKubeAdapter`), so
+    the cache is an optimisation only: while the watch is down or refused (a Role without
+    `list` and `watch` on Deployments) `items` is empty and polls read as before.
+    """
+
+    def __init__(self, kube: Kube, namespace: str | None) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.items: dict[tuple[str, str], CachedDeployment] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run(), name=f"watch deployments {self.namespace}")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    def _keep(self, kind: str, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        if kind == "DELETED":
+            self.items.pop(key, None)
+        else:
+            self.items[key] = cached_deployment(body)
+
+    async def sync(self) -> None:
+        """List, then follow the watch until the server ends it or the version expires."""
+        listing = await self.kube.list_deployments(self.namespace, WORKERS)
+        self.items.clear()
+        for body in listing.get("items") or []:
+            self._keep("ADDED", body)
+        version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+        while True:
+            events = self.kube.watch_deployments(self.namespace, WORKERS, version, WATCH_SECONDS)
+            async for event in events:
+                kind, body = str(event.get("type")), event.get("object") or {}
+                if kind == "ERROR":
+                    return  # 410 Gone: the version expired, list again
+                version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+                if kind != "BOOKMARK":
+                    self._keep(kind, body)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sync()
+                continue
+            except asyncio.CancelledError:
+                raise
+            except ApiException as exc:
+                forbidden = exc.status == 403
+                wait = WATCH_FORBIDDEN_RETRY_SECONDS if forbidden else WATCH_RETRY_SECONDS
+                logger.warning(
+                    "watching the worker Deployments failed (HTTP %s)%s; retrying in %gs",
+                    exc.status,
+                    ": the role lacks list or watch on deployments, polls read them one by one"
+                    if forbidden
+                    else "",
+                    wait,
+                )
+            except Exception as exc:  # a dropped connection, not logged in yet
+                wait = WATCH_RETRY_SECONDS
+                logger.info("watching the worker Deployments: %s; retrying in %gs", exc, wait)
+            self.items.clear()
+            await asyncio.sleep(wait)
 
 
 @dataclass
@@ -48,12 +141,32 @@ class Runtime:
     # Set by the cleanup activity: a poll loop still running then ends by itself, rather
     # than retrying without a login until kopf cancels it.
     closed: bool = False
+    # The wait before a pool's first poll, given its interval (a random part of it).
+    stagger: Callable[[float], float] = field(default=lambda interval: random.uniform(0, interval))
     kube: Kube = field(init=False)
     """The operator's one API client, made with the runtime: it follows re-logins (see
     `Kube`), and its discovery answers are shared by every pool's handlers."""
 
+    watches: dict[str | None, WorkerDeployments] = field(init=False, default_factory=dict)
+    """The watches of the worker Deployments: one for the cluster, else one per namespace."""
+
     def __post_init__(self) -> None:
         self.kube = Kube(self.connection.api, instance=self.settings.identity)
+
+    def deployments(self, namespace: str) -> DeploymentCache:
+        """The worker Deployments of `namespace` as a watch delivers them (started on first
+        use: the namespaces of a glob pattern are known only once their pools appear)."""
+        scope = None if self.settings.clusterwide else namespace
+        watch = self.watches.get(scope)
+        if watch is None:
+            watch = self.watches[scope] = WorkerDeployments(self.kube, scope)
+            watch.start()
+        return watch.items
+
+    async def close(self) -> None:
+        watches, self.watches = list(self.watches.values()), {}
+        for watch in watches:
+            await watch.stop()
 
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
@@ -106,6 +219,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
         runtime.closed = True
+        await runtime.close()
         await runtime.pools.close()
         runtime.metrics.close()
     await _connection(memo).close()
@@ -125,7 +239,11 @@ def _writer(memo: kopf.Memo, runtime: Runtime, body: kopf.Body) -> StatusWriter:
         async def patch_status(patch: dict[str, Any]) -> None:
             await runtime.kube.patch_pool_status(namespace, name, patch)
 
-        writer = StatusWriter(patch_status, dict(body.get("status") or {}))
+        writer = StatusWriter(
+            patch_status,
+            dict(body.get("status") or {}),
+            heartbeat_seconds=runtime.settings.status_heartbeat_seconds,
+        )
         memo["status_writer"] = writer
     return writer
 
@@ -187,28 +305,44 @@ async def forget_pool(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10.0)
 async def poll_pool(
-    stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, **_: Any
+    stopped: kopf.DaemonStopped,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """The pool's poll loop: one backlog query per interval, scaling only on change."""
     runtime = _runtime(memo)
     namespace, name = body.metadata.namespace or "", body.metadata.name or ""
     writer = _writer(memo, runtime, body)
+    cache = runtime.deployments(namespace)
+    kube = PoolKubeAdapter(runtime.kube, body, namespace, f"{name}-worker", cache)
     poller = PoolPoller(
         namespace=namespace,
         name=name,
-        kube=PoolKubeAdapter(runtime.kube, body, namespace, f"{name}-worker"),
+        kube=kube,
         source=DatabaseBacklogSource(runtime.kube, namespace, runtime.pools),
         status=writer,
         metrics=runtime.metrics,
         max_backoff_seconds=runtime.settings.max_poll_backoff_seconds,
     )
-    resynced = time.monotonic()
+    # Pools started together spread their first poll over the interval and their resyncs
+    # over the resync period, so that neither comes in bursts.
+    resynced = time.monotonic() - runtime.stagger(runtime.settings.resync_seconds)
+    await stopped.wait(runtime.stagger(_interval(body)))
     while not stopped and not runtime.closed:
         resync = time.monotonic() - resynced >= runtime.settings.resync_seconds
-        delay = await _poll(poller, body, runtime, writer, resync=resync)
+        delay = await _poll(poller, kube, body, runtime, writer, resync=resync)
         if resync:
             resynced = time.monotonic()
         await stopped.wait(delay)
+
+
+def _interval(body: kopf.Body) -> float:
+    """The pool's poll interval, or the recheck delay of a spec the models reject."""
+    try:
+        return float(reconcile.parse_pool(body).spec.scaling.poll_interval_seconds)
+    except PoolProblem:
+        return INVALID_SPEC_RECHECK_SECONDS
 
 
 async def _resync(runtime: Runtime, body: kopf.Body, pool: Pool, writer: StatusWriter) -> None:
@@ -222,9 +356,19 @@ async def _resync(runtime: Runtime, body: kopf.Body, pool: Pool, writer: StatusW
 
 
 async def _poll(
-    poller: PoolPoller, body: kopf.Body, runtime: Runtime, writer: StatusWriter, *, resync: bool
+    poller: PoolPoller,
+    kube: PoolKubeAdapter,
+    body: kopf.Body,
+    runtime: Runtime,
+    writer: StatusWriter,
+    *,
+    resync: bool,
 ) -> float:
-    """One iteration of the loop; never raises except to cancel."""
+    """One iteration of the loop; never raises except to cancel.
+
+    The children are applied again every resync period, and at once when the worker
+    Deployment is missing or its spec changed (the watch shows a new generation), so an
+    edit of the Deployment made by hand is put back on the next poll."""
     try:
         pool: Pool = reconcile.parse_pool(body)
     except PoolProblem:
@@ -233,7 +377,8 @@ async def _poll(
         if resync:
             await _resync(runtime, body, pool, writer)  # puts back drift made by hand
         delay = await poller.poll_once(pool.spec, body.metadata.get("generation"))
-        if poller.deployment_missing:
+        if poller.deployment_missing or kube.changed:
+            kube.changed = False
             await _resync(runtime, body, pool, writer)
     except asyncio.CancelledError:
         raise

@@ -1,13 +1,12 @@
 """The operator's Kubernetes calls, on the official client, as plain dicts.
 
-Everything the operator reads or writes besides what kopf itself watches goes through
+Everything the operator reads, watches or writes besides what kopf watches goes through
 here: children are *applied* with server-side apply under one field manager, never forcing
-on the first try, so that a conflict with another manager comes back as `FieldConflict`
-and the caller decides (see `reconcile._apply_child`), the
-worker replicas change only through the Deployment's `scale` subresource, Secrets are
-read key by key, the pool's status is merge-patched, and Events are posted as the
-operator's own (kopf's are turned off). Callers see dicts, `None` for "not found" and
-`PoolProblem`s for what a person has to fix.
+on the first try, so that a conflict with another manager comes back as `FieldConflict` and
+the caller decides (see `reconcile._apply_child`), the worker replicas change only through
+the Deployment's `scale` subresource, Secrets are read key by key, the pool's status is
+merge-patched, and Events are posted as the operator's own (kopf's are turned off). Callers
+see dicts, `None` for "not found" and `PoolProblem`s for what a person has to fix.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import binascii
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -176,6 +176,36 @@ class Kube:
             raise
         return True
 
+    async def _deployments(self, namespace: str | None, **options: Any) -> Any:
+        """The raw response of a list or watch of Deployments (all namespaces for None)."""
+        apps = self.apps
+        response = await (
+            apps.list_deployment_for_all_namespaces_without_preload_content(**options)
+            if namespace is None
+            else apps.list_namespaced_deployment_without_preload_content(namespace, **options)
+        )
+        if not 200 <= response.status <= 299:
+            response.release()
+            raise client.ApiException(status=response.status, reason=response.reason)
+        return response
+
+    async def list_deployments(self, namespace: str | None, selector: str) -> dict[str, Any]:
+        """The Deployments `selector` matches, as raw JSON (hundreds cost no model objects)."""
+        async with await self._deployments(namespace, label_selector=selector) as response:
+            return cast(dict[str, Any], json.loads(await response.read()))
+
+    async def watch_deployments(
+        self, namespace: str | None, selector: str, version: str, seconds: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The watch events (`type`, `object`) after `version`, for `seconds` at most."""
+        options: dict[str, Any] = {"label_selector": selector, "resource_version": version}
+        options |= {"watch": True, "allow_watch_bookmarks": True, "timeout_seconds": seconds}
+        options |= {"_request_timeout": seconds + 30.0}
+        async with await self._deployments(namespace, **options) as response:
+            async for line in response.content:
+                if line.strip():
+                    yield json.loads(line)
+
     async def scale(self, namespace: str, deployment: str, replicas: int) -> None:
         """Set the Deployment's replicas through its `scale` subresource."""
         await self.apps.patch_namespaced_deployment_scale(
@@ -294,28 +324,77 @@ class Kube:
         return True
 
 
-class PoolKubeAdapter:
-    """The poll loop's view of Kubernetes for one pool (implements `polling.PoolKube`)."""
+@dataclass(frozen=True)
+class CachedDeployment:
+    """A worker Deployment as the watch last delivered it, with its generation."""
 
-    def __init__(self, kube: Kube, body: Mapping[str, Any], namespace: str, deployment: str):
+    state: DeploymentState
+    generation: int
+
+
+def cached_deployment(body: Mapping[str, Any]) -> CachedDeployment:
+    """What the poll needs of a Deployment object (from a watch event or a read)."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    ready, available = int(status.get("readyReplicas") or 0), status.get("availableReplicas")
+    state = DeploymentState(int(spec.get("replicas") or 0), ready, int(available or 0))
+    return CachedDeployment(state, int((body.get("metadata") or {}).get("generation") or 0))
+
+
+DeploymentCache = Mapping[tuple[str, str], CachedDeployment]
+
+
+class PoolKubeAdapter:
+    """The poll loop's view of Kubernetes for one pool (implements `polling.PoolKube`).
+
+    The Deployment comes from `cache` (a watch) at no request, else from a read. After a
+    scale the replicas asked for are reported until the watch shows a newer generation. A
+    new generation not of a scale sets `changed`: the loop applies the children again.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        body: Mapping[str, Any],
+        namespace: str,
+        deployment: str,
+        cache: DeploymentCache | None = None,
+    ):
         self.kube = kube
         self.body = body
         self.namespace = namespace
         self.deployment = deployment
+        self.cache = cache
+        self.seen: CachedDeployment | None = None
+        self.scaled_to: tuple[int, int] | None = None  # (generation before, replicas asked)
+        self.changed = False
+
+    def _cached(self) -> CachedDeployment | None:
+        if self.cache is None:
+            return None
+        return self.cache.get((self.namespace, self.deployment))
 
     async def read_deployment(self) -> DeploymentState | None:
-        found = await self.kube.read("Deployment", self.namespace, self.deployment)
-        if found is None:
+        seen = self._cached()
+        if seen is None:
+            found = await self.kube.read("Deployment", self.namespace, self.deployment)
+            seen = None if found is None else cached_deployment(found)
+            self.scaled_to = None
+        previous, self.seen = self.seen, seen
+        if seen is None:
             return None
-        status = found.get("status") or {}
-        return DeploymentState(
-            replicas=int((found.get("spec") or {}).get("replicas") or 0),
-            ready_replicas=int(status.get("readyReplicas") or 0),
-            available_replicas=int(status.get("availableReplicas") or 0),
-        )
+        if self.scaled_to is not None:
+            before, replicas = self.scaled_to
+            if seen.generation <= before:
+                return replace(seen.state, replicas=replicas)
+            self.scaled_to = None  # the newer generation is the scale's
+        elif previous is not None and seen.generation != previous.generation:
+            self.changed = True
+        return seen.state
 
     async def scale(self, replicas: int) -> None:
         await self.kube.scale(self.namespace, self.deployment, replicas)
+        if self.seen is not None:
+            self.scaled_to = (self.seen.generation, replicas)
 
     async def event(self, type_: str, reason: str, message: str) -> None:
         await self.kube.post_event(self.body, type_, reason, message)

@@ -487,9 +487,10 @@ class PoolStatus(Model):
     desired_replicas: int | None = Field(None, ge=0)
     """Replicas the scaling policy asks for."""
     backlog: BacklogStatus | None = None
-    """The backlog at the last poll."""
+    """The backlog at the last poll; its counts are written when they change, its ages at
+    least every status heartbeat (30 s by default) while nothing else changes."""
     rates: RatesStatus | None = None
-    """Message rates at the last poll."""
+    """Message rates, written with any other change or at least every status heartbeat."""
     last_scale_time: datetime | None = None
     """When the operator last changed the replicas."""
     last_scale_reason: Annotated[str, StringConstraints(max_length=1024)] | None = None

@@ -19,7 +19,7 @@ child as it is until one of them gives the field up.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -175,12 +175,19 @@ async def _apply_child(
 async def _monitoring(
     kube: ChildrenApi, owner: Mapping[str, Any], pool: Pool, runbooks: str, applied: Applied
 ) -> None:
-    wanted = (
-        (pool.spec.monitoring.pod_monitor, children.pod_monitor(pool)),
-        (pool.spec.monitoring.prometheus_rule, children.prometheus_rule(pool, runbooks)),
+    """Apply the monitoring objects asked for, delete those no longer asked for; a manifest
+    is built only when it is applied (the PrometheusRule's is the costly one)."""
+    monitoring = pool.spec.monitoring
+    wanted: tuple[tuple[bool, str, Callable[[], dict[str, Any]]], ...] = (
+        (monitoring.pod_monitor, "PodMonitor", lambda: children.pod_monitor(pool)),
+        (
+            monitoring.prometheus_rule,
+            "PrometheusRule",
+            lambda: children.prometheus_rule(pool, runbooks),
+        ),
     )
-    for enabled, manifest in wanted:
-        kind, name = manifest["kind"], manifest["metadata"]["name"]
+    name = pool.deployment_name  # both objects are named after the workers
+    for enabled, kind, build in wanted:
         plural = MONITORING_PLURALS[kind]
         served = await kube.serves(MONITORING, plural)
         if enabled and not served:
@@ -189,7 +196,7 @@ async def _monitoring(
                 "install the Prometheus Operator CRDs"
             )
         elif enabled:
-            await _apply_child(kube, owner, manifest, applied)
+            await _apply_child(kube, owner, build(), applied)
         elif served:
             existing = await kube.read(kind, pool.namespace, name)
             if (

@@ -43,7 +43,10 @@ class OperatorSettings:
         api_backoffs: delays between retries of a failed Kubernetes API request.
         finalizer: the finalizer kopf puts on pools (so daemons stop before deletion).
         annotation_prefix: prefix of kopf's progress and last-handled annotations.
-        resync_seconds: how often each pool's children are applied again (drift repair).
+        resync_seconds: how often each pool's children are applied again (drift repair; a
+            change of the worker Deployment's spec is put back at the next poll).
+        status_heartbeat_seconds: longest a pool's status goes without a write while only
+            its ages, rates and condition messages change (see `status.StatusWriter`).
         peering_lifetime_seconds: how long a silent peer counts as alive (failover time).
         runbook_base_url: base of the runbook links in pools' PrometheusRules.
         identity: this instance in Events, user-agents and peering (pod name, else host).
@@ -67,7 +70,8 @@ class OperatorSettings:
     api_backoffs: tuple[float, ...] = field(default=(1, 1, 2, 3, 5, 8))
     finalizer: str = f"{DOMAIN}/finalizer"
     annotation_prefix: str = DOMAIN
-    resync_seconds: float = 60.0
+    resync_seconds: float = 300.0
+    status_heartbeat_seconds: float = 30.0
     peering_lifetime_seconds: int = 60
     runbook_base_url: str = "https://github.com/leasebox/leasebox/blob/main/docs/runbooks.md"
     identity: str = field(
@@ -88,6 +92,7 @@ class OperatorSettings:
             "connect_timeout_seconds",
             "max_poll_backoff_seconds",
             "resync_seconds",
+            "status_heartbeat_seconds",
             "peering_lifetime_seconds",
         ):
             if getattr(self, name) <= 0:
@@ -110,6 +115,7 @@ class OperatorSettings:
             "POOL_MAX_CONNECTIONS": ("pool_max_connections", int),
             "MAX_POLL_BACKOFF": ("max_poll_backoff_seconds", float),
             "RESYNC": ("resync_seconds", float),
+            "STATUS_HEARTBEAT": ("status_heartbeat_seconds", float),
             "PEERING_LIFETIME": ("peering_lifetime_seconds", int),
             "RUNBOOK_BASE_URL": ("runbook_base_url", str),
         }

@@ -14,11 +14,22 @@ True with the workers' summary otherwise.
 Every field is reported as a `PoolStatus` (the model the CRD's status schema is generated
 from) holding only the fields the reporter knows; the writer sends them by their wire names,
 so a report cannot misspell a field or give it a value of the wrong type.
+
+A status patch costs an API request and a watch event that kopf (and every other watcher
+of pools) processes, so an idle pool must not write one every poll just because its
+oldest message grew a few seconds older. The writer therefore tells *material* changes
+from *drift*: a condition's status, reason or observed generation, a field first reported,
+the replicas, the backlog's counts, the scale time and reason are written at once; the
+backlog's ages, the rates and a condition's message alone are drift, written with the next
+material change or once the last write is `heartbeat_seconds` old, whichever comes first.
+An idle pool therefore writes its status about once per heartbeat (30 s by default, the
+operator's `LEASEBOX_OPERATOR_STATUS_HEARTBEAT`), however short its poll interval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +48,37 @@ _WAITING = {
     "schema": "waiting for the first backlog poll",
     "workers": "waiting for the first backlog poll",
 }
+# Fields whose change alone is drift (see the module's docstring); `backlog` is drift only
+# in its ages, its counts are material.
+DRIFT_FIELDS = frozenset({"rates"})
+DRIFT_BACKLOG_KEYS = frozenset({"oldestPendingAgeSeconds", "oldestReadyAgeSeconds"})
+DEFAULT_HEARTBEAT_SECONDS = 30.0
+
+
+def _material_field(name: str, old: Any, new: Any) -> bool:
+    """Whether a field's change from `old` to `new` must be written at once."""
+    if old is None:
+        return True
+    if name in DRIFT_FIELDS:
+        return False
+    if name == "backlog" and isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = (set(old) | set(new)) - DRIFT_BACKLOG_KEYS
+        return any(old.get(k) != new.get(k) for k in keys)
+    return True
+
+
+def _material_conditions(
+    before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]]
+) -> bool:
+    """Whether conditions differ in more than their messages."""
+
+    def key(conditions: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+        return [
+            (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
+            for c in conditions
+        ]
+
+    return key(before) != key(after)
 
 
 def backlog_status(backlog: Backlog) -> BacklogStatus:
@@ -77,10 +119,15 @@ class StatusWriter:
         initial: Mapping[str, Any] | None = None,
         *,
         wallclock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], float] = time.monotonic,
+        heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
     ) -> None:
         initial = dict(initial or {})
         self._patch = patch
         self._wallclock = wallclock
+        self._clock = clock
+        self.heartbeat_seconds = heartbeat_seconds
+        self.written_at: float | None = None  # None: not yet written by this process
         self._lock = asyncio.Lock()
         self.conditions: list[dict[str, Any]] = [dict(c) for c in initial.pop("conditions", [])]
         self.fields: dict[str, Any] = initial
@@ -104,7 +151,8 @@ class StatusWriter:
 
         `status` holds the fields to report (those it sets, a None it sets included); its
         conditions are ignored, as the writer keeps them. `problems` updates the parts Ready
-        summarises; `summary` is Ready's message when nothing is wrong.
+        summarises; `summary` is Ready's message when nothing is wrong. Drift alone (see
+        the module's docstring) is held back until the heartbeat is due.
         """
         async with self._lock:
             self.problems.update(problems or {})
@@ -126,7 +174,17 @@ class StatusWriter:
                 patch["conditions"] = conditions
             if not patch:
                 return []
+            material = _material_conditions(self.conditions, conditions) or any(
+                _material_field(k, self.fields.get(k), v)
+                for k, v in patch.items()
+                if k != "conditions"
+            )
+            now = self._clock()
+            due = self.written_at is None or now - self.written_at >= self.heartbeat_seconds
+            if not (material or due):
+                return []
             await self._patch(patch)
+            self.written_at = now
             changed = transitions(self.conditions, conditions)
             self.conditions = conditions
             self.fields.update({k: v for k, v in patch.items() if k != "conditions"})

@@ -39,7 +39,7 @@ def _rules_by_resource(role: dict[str, Any]) -> dict[str, set[str]]:
 NAMESPACED_NEEDS = {
     "leasebox.dev/outboxworkerpools": {"list", "watch", "patch"},
     "leasebox.dev/outboxworkerpools/status": {"patch"},
-    "apps/deployments": {"get", "create", "patch"},
+    "apps/deployments": {"get", "list", "watch", "create", "patch"},
     "apps/deployments/scale": {"patch"},
     "policy/poddisruptionbudgets": {"get", "create", "patch"},
     "/secrets": {"get"},

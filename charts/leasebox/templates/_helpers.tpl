@@ -123,7 +123,8 @@ True (non-empty) when the operator runs with kopf peering: asked for, or more th
 {{/*
 Rules the operator needs in every namespace it watches (namespaced mode) or cluster-wide:
 only the verbs it uses. kopf watches and patches pools (finalizer, annotations) and their
-status; children are read, created and server-side applied (patch); replicas change through
+status; children are read, created and server-side applied (patch), and the worker
+Deployments are listed and watched (polls read them from that watch); replicas change through
 the Deployment's scale subresource; Events are created, never updated.
 */}}
 {{- define "leasebox.namespacedRules" -}}
@@ -135,7 +136,7 @@ the Deployment's scale subresource; Events are created, never updated.
   verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
   verbs: ["patch"]
