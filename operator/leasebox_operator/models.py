@@ -428,7 +428,7 @@ class Condition(Model):
     """A condition shaped like `metav1.Condition`."""
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=316)]
-    """Ready, DatabaseReachable, SLAMet, ScalingLimited, QuotaSufficient or Paused."""
+    """Ready, DatabaseReachable, SLAMet, ScalingLimited, QuotaSufficient, ReputationHealthy or Paused."""  # noqa: E501
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     observed_generation: int | None = Field(None, ge=0)
@@ -502,7 +502,7 @@ class PoolStatus(Model):
             "x-kubernetes-list-map-keys": ["type"],
         },
     )
-    """Ready, DatabaseReachable, SLAMet, ScalingLimited, QuotaSufficient and Paused."""
+    """Ready, DatabaseReachable, SLAMet, ScalingLimited, QuotaSufficient, ReputationHealthy and Paused."""  # noqa: E501
 
 
 def cel_rules() -> dict[str, tuple[CelRule, ...]]:
