@@ -139,8 +139,7 @@ def accept(receivers: Receivers, service: str, inbound: Inbound) -> Accepted:
 
 
 def _accept(receivers: Receivers, service: str, inbound: Inbound) -> Accepted:
-    if service == "ses":
-        assert receivers.ses is not None
+    if service == "ses" and receivers.ses is not None:
         message = sns.verify(inbound, receivers.ses)
         if message.type == "SubscriptionConfirmation":
             url = str(message.fields.get("SubscribeURL"))
@@ -149,21 +148,19 @@ def _accept(receivers: Receivers, service: str, inbound: Inbound) -> Accepted:
         if message.type == "UnsubscribeConfirmation":
             return Accepted(service, [], note="unsubscribed")
         return Accepted(service, sns.parse(message))
-    if service == "sendgrid":
-        assert receivers.sendgrid is not None
+    if service == "sendgrid" and receivers.sendgrid is not None:
         sendgrid.verify(inbound, receivers.sendgrid)
         return Accepted(service, sendgrid.parse(inbound.body))
-    if service == "postmark":
-        assert receivers.postmark is not None
+    if service == "postmark" and receivers.postmark is not None:
         postmark.verify(inbound, receivers.postmark)
         return Accepted(service, postmark.parse(inbound.body))
-    if service == "mailgun":
-        assert receivers.mailgun is not None
+    if service == "mailgun" and receivers.mailgun is not None:
         token = mailgun.verify(inbound, receivers.mailgun)
         return Accepted(service, mailgun.parse(inbound.body), token=token)
-    assert receivers.resend is not None
-    resend.verify(inbound, receivers.resend)
-    return Accepted(service, resend.parse(inbound.body))
+    if service == "resend" and receivers.resend is not None:
+        resend.verify(inbound, receivers.resend)
+        return Accepted(service, resend.parse(inbound.body))
+    raise Refused(404, "unknown_service")
 
 
 @dataclass(frozen=True)

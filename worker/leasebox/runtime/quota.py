@@ -196,28 +196,21 @@ class QuotaGate:
             if ahead > 0 and any(not w.done() for w in self._waiters):
                 await asyncio.sleep(ahead)
 
-    def _local(self, moment: datetime) -> float:
-        """`moment` of the database's clock on this process's monotonic clock."""
-        assert self._offset is not None
-        return moment.timestamp() - self._offset
-
     def _hand_out(self, reservation: quotas.Reservation) -> float:
         """Give the reservation's tokens to the senders in the order they asked; keep the
         ones whose sender left; the local time the last token is due."""
         local_now = time.monotonic()
         offset = reservation.now.timestamp() - local_now
-        if (
-            self._offset is None
-            or offset > self._offset
-            or local_now - self._offset_seen > OFFSET_MEMORY
-        ):
-            self._offset, self._offset_seen = offset, local_now
+        kept = self._offset
+        if kept is None or offset > kept or local_now - self._offset_seen > OFFSET_MEMORY:
+            kept = self._offset = offset
+            self._offset_seen = local_now
         if reservation.paused_until is not None:
-            self._paused(self._local(reservation.paused_until))
+            self._paused(reservation.paused_until.timestamp() - kept)
         last = local_now
         for index in range(reservation.count):
             due_db = reservation.due(index)
-            last = self._local(due_db)
+            last = due_db.timestamp() - kept  # the database's moment on the monotonic clock
             token = (last, due_db)
             while self._waiters and self._waiters[0].done():
                 self._waiters.popleft()
