@@ -160,14 +160,15 @@ async def test_an_otp_whose_token_would_come_after_its_expiry_is_dead_lettered_a
     db_conn: psycopg.Connection[Any],
     fake_provider: ScriptedProvider,
 ) -> None:
-    # One token every 2 s from the first claim, and OTPs that expire 5 s after they are
-    # written: the fourth and fifth tokens are due after the OTPs have expired.
-    worker = make_worker(db_pool, fake_provider, database_clock, quota_settings(0.5, "w"))
+    # One token every 5 s from the first claim, and OTPs that expire 10 s after they are
+    # written: the third to fifth tokens are due at or after the OTPs' expiry. The spacing
+    # leaves a slow machine seconds, not tenths, between a token and an expiry.
+    worker = make_worker(db_pool, fake_provider, database_clock, quota_settings(0.2, "w"))
     async with running(worker):
         now = db_conn.execute("SELECT now()").fetchone()
         db_conn.rollback()
         assert now is not None
-        expires_at = now[0] + timedelta(seconds=5)
+        expires_at = now[0] + timedelta(seconds=10)
         seed(db_conn, 5, expires_at=expires_at)
         await wait_for_async(
             lambda: statuses(db_conn).get("pending", 0) == 0,
