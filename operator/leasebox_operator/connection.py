@@ -51,6 +51,9 @@ class KubeConnection:
                     "no in-cluster service account and no usable kubeconfig"
                 ) from exc
             logger.debug("logged in with the kubeconfig")
+        # The client's own default reads the proxy variables and `.netrc` for every request,
+        # in a thread; kopf's `networking.trust_env` (off unless set) decides for both.
+        configuration.client_session_kwargs = {"trust_env": trust_env}
         api = client.ApiClient(configuration)
         api.user_agent = self.user_agent
         if self._client is not None:

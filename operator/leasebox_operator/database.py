@@ -7,14 +7,19 @@ slow database costs one bounded query, never a stuck poll loop or an idle transa
 The DSN is read from the pool's Secret through the API and lives only in memory; every
 error that leaves this module is a `PollError` with a reason and a password-free message.
 The schema's migration version is checked against this release's on the first poll and
-then once a minute (every poll while it is wrong), so SchemaMissing and SchemaOutdated
-cost no query on the hot path.
+then once a minute per database and schema (every poll while it is wrong), so SchemaMissing
+and SchemaOutdated cost no query on the hot path, however many pools share the schema.
+
+A pooled connection is handed out without a check (a round trip of its own on every poll);
+one the server closed while it sat idle fails its first statement instead, and that query is
+run once more on a fresh connection (`ConnectionPools._run`), so it costs no failed poll.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import conninfo
@@ -31,10 +36,14 @@ from leasebox_operator.models import PoolSpec
 from leasebox_operator.settings import OperatorSettings
 
 APPLICATION_NAME = "leasebox-operator"
-SECRET_TTL_SECONDS = 60.0
+# A DSN that fails is read again at the next poll; one that works changes only by rotation.
+SECRET_TTL_SECONDS = 300.0
 SCHEMA_RECHECK_SECONDS = 60.0
 # The reputation rates move over hours: read them every few minutes, not every poll.
 REPUTATION_SECONDS = 300.0
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[Any]
 
 
 class ConnectionPools:
@@ -43,6 +52,7 @@ class ConnectionPools:
     def __init__(self, settings: OperatorSettings) -> None:
         self.settings = settings
         self._pools: dict[str, AsyncConnectionPool[Any]] = {}
+        self._current: dict[tuple[str, str], float] = {}  # (DSN, schema): found current at
 
     async def _pool(self, dsn: str) -> AsyncConnectionPool[Any]:
         pool = self._pools.get(dsn)
@@ -58,7 +68,6 @@ class ConnectionPools:
                     "application_name": APPLICATION_NAME,
                     "options": f"-c statement_timeout={timeout_ms} {GENERIC_PLANS}",
                 },
-                check=AsyncConnectionPool.check_connection,
                 timeout=self.settings.connect_timeout_seconds,
                 open=False,
                 name=APPLICATION_NAME,
@@ -67,16 +76,48 @@ class ConnectionPools:
             self._pools[dsn] = pool
         return pool
 
+    async def _run(self, dsn: str, work: Callable[[Connection], Awaitable[T]]) -> T:
+        """`work` on a pooled connection, once more on a fresh one if the server dropped it.
+
+        Only a connection that is broken after the error (the server closed it) earns the
+        second try; a timeout, a missing table or a full pool is the database's answer.
+        """
+        pool = await self._pool(dsn)
+        retried = False
+        while True:
+            conn: Connection | None = None
+            try:
+                async with pool.connection() as conn:
+                    return await work(conn)
+            except psycopg.OperationalError:
+                if retried or conn is None or not conn.broken:
+                    raise
+                retried = True
+
+    def recently_current(self, dsn: str, schema: str) -> bool:
+        """Whether `schema` was found at this release's migration within the last minute."""
+        found = self._current.get((dsn, schema))
+        return found is not None and time.monotonic() - found < SCHEMA_RECHECK_SECONDS
+
+    def found_current(self, dsn: str, schema: str, current: bool) -> None:
+        """Record a schema check: a current schema is not checked again for a minute."""
+        if current:
+            self._current[(dsn, schema)] = time.monotonic()
+        else:
+            self._current.pop((dsn, schema), None)
+
     async def backlog(
         self, dsn: str, kinds: list[str], schema: str, window_seconds: float
     ) -> Backlog:
         """The backlog in one round trip, or `PollError`."""
-        pool = await self._pool(dsn)
+
+        async def work(conn: Connection) -> Backlog:
+            return await fetch_backlog_async(
+                conn, kinds, schema=schema, window_seconds=window_seconds
+            )
+
         try:
-            async with pool.connection() as conn:
-                return await fetch_backlog_async(
-                    conn, kinds, schema=schema, window_seconds=window_seconds
-                )
+            return await self._run(dsn, work)
         except PoolTimeout:
             raise await self._diagnose(dsn) from None
         except psycopg.errors.QueryCanceled:
@@ -98,10 +139,12 @@ class ConnectionPools:
 
     async def reputation(self, dsn: str, kinds: list[str], schema: str) -> Verdict:
         """The reputation of the providers that sent `kinds`, or `PollError`."""
-        pool = await self._pool(dsn)
+
+        async def work(conn: Connection) -> Verdict:
+            return judge(await fetch_reputation_async(conn, kinds, schema=schema))
+
         try:
-            async with pool.connection() as conn:
-                return judge(await fetch_reputation_async(conn, kinds, schema=schema))
+            return await self._run(dsn, work)
         except PoolTimeout:
             raise await self._diagnose(dsn) from None
         except psycopg.Error as exc:
@@ -111,11 +154,12 @@ class ConnectionPools:
 
     async def schema_version(self, dsn: str, schema: str) -> int | None:
         """The newest migration applied to `schema`, or None when it does not exist."""
-        pool = await self._pool(dsn)
+
+        async def work(conn: Connection) -> tuple[Any, ...] | None:
+            return await (await conn.execute(query("schema_version", schema))).fetchone()
+
         try:
-            async with pool.connection() as conn:
-                cur = await conn.execute(query("schema_version", schema))
-                row = await cur.fetchone()
+            row = await self._run(dsn, work)
         except PoolTimeout:
             raise await self._diagnose(dsn) from None
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
@@ -141,7 +185,7 @@ class ConnectionPools:
         )
 
     async def close(self) -> None:
-        pools, self._pools = list(self._pools.values()), {}
+        pools, self._pools, self._current = list(self._pools.values()), {}, {}
         for pool in pools:
             await pool.close()
 
@@ -162,7 +206,6 @@ class DatabaseBacklogSource:
         self._dsn: str | None = None
         self._ref: tuple[str, str] | None = None
         self._read_at = 0.0
-        self._schema_checked_at: float | None = None
         self._reputation_read_at: float | None = None
 
     async def _resolve(self, spec: PoolSpec) -> str:
@@ -187,11 +230,10 @@ class DatabaseBacklogSource:
 
     async def check_schema(self, spec: PoolSpec) -> PoolProblem | None:
         """SchemaMissing or SchemaOutdated (with the fix in the message), or None."""
-        checked = self._schema_checked_at
-        if checked is not None and time.monotonic() - checked < SCHEMA_RECHECK_SECONDS:
-            return None
         dsn = await self._resolve(spec)
         schema = spec.database.schema_name
+        if self.pools.recently_current(dsn, schema):
+            return None
         try:
             applied = await self.pools.schema_version(dsn, schema)
         except PollError:
@@ -199,7 +241,7 @@ class DatabaseBacklogSource:
             raise
         needed = expected_schema_version()
         problem = schema_problem(schema, applied, needed, spec.database.migrations)
-        self._schema_checked_at = None if problem else time.monotonic()
+        self.pools.found_current(dsn, schema, problem is None)
         return problem
 
     async def reputation(self, spec: PoolSpec) -> Verdict | None:

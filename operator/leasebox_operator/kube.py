@@ -1,4 +1,4 @@
-"""The operator's Kubernetes calls, on the official client, as plain dicts.
+"""The operator's Kubernetes calls, on the official client's transport, as plain dicts.
 
 Everything the operator reads, watches or writes besides what kopf watches goes through
 here: children are *applied* with server-side apply under one field manager, never forcing
@@ -7,6 +7,11 @@ the caller decides (see `reconcile._apply_child`), the worker replicas change on
 the Deployment's `scale` subresource, Secrets are read key by key, the pool's status is
 merge-patched, and Events are posted as the operator's own (kopf's are turned off). Callers
 see dicts, `None` for "not found" and `PoolProblem`s for what a person has to fix.
+
+Requests go out as JSON on a path, through the client's authentication and connection pool
+(`Kube._json`), not through its generated methods: those validate every argument and turn
+every answer into model objects and back into dicts, which at hundreds of pools was the
+larger part of the operator's CPU. The answers are the server's JSON, read once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
+from urllib.parse import quote, urlencode
 
 from kubernetes.aio import client
 
@@ -30,15 +36,36 @@ from leasebox_operator.polling import DeploymentState
 FIELD_MANAGER = "leasebox-operator"
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
+JSON = "application/json"
 # How long a discovery answer is reused: an API group that is served rarely goes away, while
 # one that is missing (the Prometheus Operator's CRDs, say) may be installed any minute.
 DISCOVERY_TTL_SECONDS = 300.0
 DISCOVERY_MISSING_TTL_SECONDS = 10.0
 # The server names the other manager of a contested field in each cause's message.
 CONFLICT_MANAGER = re.compile(r'conflict with "([^"]+)"')
-# Children of built-in kinds go through their typed API; the rest are custom objects.
-TYPED = {"Deployment": "deployment", "PodDisruptionBudget": "pod_disruption_budget"}
-CUSTOM = {"PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
+# Where each kind of child lives: its API group's path and its resource's plural.
+CHILD_PATHS = {
+    "Deployment": "/apis/apps/v1",
+    "PodDisruptionBudget": "/apis/policy/v1",
+    "PodMonitor": "/apis/monitoring.coreos.com/v1",
+    "PrometheusRule": "/apis/monitoring.coreos.com/v1",
+}
+CHILD_PLURALS = {
+    "Deployment": "deployments",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "PodMonitor": "podmonitors",
+    "PrometheusRule": "prometheusrules",
+}
+
+
+def _q(segment: str) -> str:
+    """One path segment, escaped (names and namespaces are DNS labels; this is a guard)."""
+    return quote(segment, safe="")
+
+
+def _child_path(kind: str, namespace: str, name: str | None = None) -> str:
+    path = f"{CHILD_PATHS[kind]}/namespaces/{_q(namespace)}/{CHILD_PLURALS[kind]}"
+    return path if name is None else f"{path}/{_q(name)}"
 
 
 def _missing(exc: client.ApiException) -> bool:
@@ -79,64 +106,63 @@ class Kube:
         return self._api()
 
     @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
-
-    @property
     def apps(self) -> client.AppsV1Api:
         return client.AppsV1Api(self.api)
-
-    @property
-    def policy(self) -> client.PolicyV1Api:
-        return client.PolicyV1Api(self.api)
 
     @property
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api)
 
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        plain: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
-        return plain
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        content_type: str = JSON,
+        **params: Any,
+    ) -> dict[str, Any]:
+        """One request on `path` with the client's credentials; the answer's JSON.
 
-    def _typed(self, kind: str) -> tuple[Any, str]:
-        api = self.apps if kind == "Deployment" else self.policy
-        return api, TYPED[kind]
+        A status outside 2xx is the client's own `ApiException`, with the server's body, as
+        its generated methods raise it.
+        """
+        api = self.api
+        headers = {"Accept": JSON, "Content-Type": content_type}
+        query = {k: v for k, v in params.items() if v is not None}
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        method, url, headers, _, _ = await api.param_serialize(
+            method, path, header_params=headers, auth_settings=["BearerToken"]
+        )
+        # The transport writes the body as JSON itself (for apply too: JSON is YAML).
+        payload = None if body is None else dict(body)
+        response = await api.call_api(method, url, headers, payload)
+        data = await response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise client.ApiException(http_resp=response)
+        return cast(dict[str, Any], json.loads(data)) if data else {}
 
     async def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A child by kind, or None when it does not exist."""
         try:
-            if kind in TYPED:
-                api, suffix = self._typed(kind)
-                found = await getattr(api, f"read_namespaced_{suffix}")(name, namespace)
-                return self._plain(found)
-            result = await self.custom.get_namespaced_custom_object(
-                "monitoring.coreos.com", "v1", namespace, CUSTOM[kind], name
-            )
+            return await self._json("GET", _child_path(kind, namespace, name))
         except client.ApiException as exc:
             if _missing(exc):
                 return None
             raise
-        return cast(dict[str, Any], result)
 
     async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create a child (the creator owns every field); None when the name is taken."""
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
         try:
-            if kind in TYPED:
-                api, suffix = self._typed(kind)
-                made = await getattr(api, f"create_namespaced_{suffix}")(
-                    namespace, dict(manifest), field_manager=FIELD_MANAGER
-                )
-                return self._plain(made)
-            result = await self.custom.create_namespaced_custom_object(
-                "monitoring.coreos.com", "v1", namespace, CUSTOM[kind], dict(manifest),
-                field_manager=FIELD_MANAGER,
-            )  # fmt: skip
+            return await self._json(
+                "POST", _child_path(kind, namespace), body=manifest, fieldManager=FIELD_MANAGER
+            )
         except client.ApiException as exc:
             if exc.status == 409:
                 return None
             raise
-        return cast(dict[str, Any], result)
 
     async def apply(self, manifest: Mapping[str, Any], *, force: bool = False) -> dict[str, Any]:
         """Server-side apply a child under the operator's field manager.
@@ -144,32 +170,24 @@ class Kube:
         Without `force`, fields another manager holds are a `FieldConflict` naming them.
         """
         kind, meta = manifest["kind"], manifest["metadata"]
-        options: dict[str, Any] = {
-            "field_manager": FIELD_MANAGER, "force": force, "_content_type": APPLY
-        }  # fmt: skip
         try:
-            if kind in TYPED:
-                api, suffix = self._typed(kind)
-                applied = await getattr(api, f"patch_namespaced_{suffix}")(
-                    meta["name"], meta["namespace"], dict(manifest), **options
-                )
-                return self._plain(applied)
-            result = await self.custom.patch_namespaced_custom_object(
-                "monitoring.coreos.com", "v1", meta["namespace"], CUSTOM[kind], meta["name"],
-                dict(manifest), **options,
-            )  # fmt: skip
+            return await self._json(
+                "PATCH",
+                _child_path(kind, meta["namespace"], meta["name"]),
+                body=manifest,
+                content_type=APPLY,
+                fieldManager=FIELD_MANAGER,
+                force="true" if force else "false",
+            )
         except client.ApiException as exc:
             if exc.status == 409 and not force:
                 raise _conflict(kind, meta["name"], exc) from None
             raise
-        return cast(dict[str, Any], result)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete a child; False when it was already gone."""
         try:
-            await self.custom.delete_namespaced_custom_object(
-                "monitoring.coreos.com", "v1", namespace, CUSTOM[kind], name
-            )
+            await self._json("DELETE", _child_path(kind, namespace, name))
         except client.ApiException as exc:
             if _missing(exc):
                 return False
@@ -208,8 +226,12 @@ class Kube:
 
     async def scale(self, namespace: str, deployment: str, replicas: int) -> None:
         """Set the Deployment's replicas through its `scale` subresource."""
-        await self.apps.patch_namespaced_deployment_scale(
-            deployment, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
+        await self._json(
+            "PATCH",
+            f"{_child_path('Deployment', namespace, deployment)}/scale",
+            body={"spec": {"replicas": replicas}},
+            content_type=MERGE,
+            fieldManager=FIELD_MANAGER,
         )
 
     async def serves(self, api_version: str, plural: str) -> bool:
@@ -230,9 +252,9 @@ class Kube:
             self._discovery[api_version] = cached
         return plural in cached[1]
 
-    async def _secret(self, namespace: str, name: str) -> Any:
+    async def _secret(self, namespace: str, name: str) -> dict[str, Any]:
         try:
-            return await self.core.read_namespaced_secret(name, namespace)
+            return await self._json("GET", f"/api/v1/namespaces/{_q(namespace)}/secrets/{_q(name)}")
         except client.ApiException as exc:
             if _missing(exc):
                 raise SecretError(f"Secret {namespace}/{name} does not exist") from None
@@ -247,12 +269,12 @@ class Kube:
     async def secret_keys(self, namespace: str, name: str) -> frozenset[str]:
         """The keys of a Secret (not their values); `SecretError` when it does not exist."""
         secret = await self._secret(namespace, name)
-        return frozenset([*(secret.data or {}), *(secret.string_data or {})])
+        return frozenset([*(secret.get("data") or {}), *(secret.get("stringData") or {})])
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         """One key of a Secret, decoded; `SecretError` when the Secret or the key is missing."""
         secret = await self._secret(namespace, name)
-        data, string_data = secret.data or {}, secret.string_data or {}
+        data, string_data = secret.get("data") or {}, secret.get("stringData") or {}
         if key in data:
             try:
                 return base64.b64decode(data[key], validate=True).decode()
@@ -265,10 +287,13 @@ class Kube:
         raise SecretError(f"Secret {namespace}/{name} has no key {key!r}", "SecretKeyMissing")
 
     async def patch_pool_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        await self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)},
-            field_manager=FIELD_MANAGER, _content_type=MERGE,
-        )  # fmt: skip
+        await self._json(
+            "PATCH",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{_q(namespace)}/{PLURAL}/{_q(name)}/status",
+            body={"status": dict(patch)},
+            content_type=MERGE,
+            fieldManager=FIELD_MANAGER,
+        )
 
     async def post_event(
         self, involved: Mapping[str, Any], type_: str, reason: str, message: str
@@ -301,7 +326,7 @@ class Kube:
             "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "count": 1,
         }
-        await self.core.create_namespaced_event(namespace, event)
+        await self._json("POST", f"/api/v1/namespaces/{_q(namespace)}/events", body=event)
 
     async def ensure_peering(self, name: str, namespace: str | None) -> bool:
         """Create kopf's peering object when missing (peers talk through it); True if made."""

@@ -164,3 +164,41 @@ async def test_a_secret_holding_a_sqlalchemy_url_is_read_as_its_dsn(
     _insert(db_conn, 3)
     store = SecretStore({("db", "dsn"): sqlalchemy_url(db_dsn, driver)})
     assert (await DatabaseBacklogSource(store, "mail", pools).fetch(SPEC, 5.0)).pending == 3
+
+
+async def test_a_pooled_connection_the_server_dropped_costs_no_failed_poll(
+    pools: ConnectionPools, db_conn: psycopg.Connection[Any], db_dsn: str
+) -> None:
+    _insert(db_conn, 2)
+    source = DatabaseBacklogSource(SecretStore({("db", "dsn"): db_dsn}), "mail", pools)
+    assert (await source.fetch(SPEC, 5.0)).pending == 2  # its connection waits in the pool
+    # A restart, a failover or a proxy's idle timeout closes it while it is idle.
+    ended = db_conn.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE application_name = 'leasebox-operator' AND pid <> pg_backend_pid()"
+    ).fetchone()
+    db_conn.commit()
+    assert ended is not None
+    assert ended[0] >= 1
+    assert (await source.fetch(SPEC, 5.0)).pending == 2
+
+
+async def test_pools_on_one_database_share_its_schema_check(
+    pools: ConnectionPools, db_dsn: str
+) -> None:
+    store = SecretStore({("db", "dsn"): db_dsn})
+    first = DatabaseBacklogSource(store, "mail", pools)
+    assert await first.check_schema(SPEC) is None
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM leasebox.schema_migrations WHERE version = %s",
+                     (expected_schema_version(),))  # fmt: skip
+    # Another pool on the same database and schema relies on the check of a moment ago.
+    assert await DatabaseBacklogSource(store, "other", pools).check_schema(SPEC) is None
+    # On another schema it asks the database itself.
+    elsewhere = PoolSpec.model_validate(
+        SPEC.model_dump(by_alias=True)
+        | {"database": {"secretRef": {"name": "db"}, "schema": "elsewhere"}}
+    )
+    missing = await DatabaseBacklogSource(store, "third", pools).check_schema(elsewhere)
+    assert missing is not None
+    assert missing.reason == "SchemaMissing"

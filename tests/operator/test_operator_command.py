@@ -94,3 +94,16 @@ def test_a_bad_operator_setting_exits_2_with_one_json_line(
     assert (entry["level"], entry["command"], entry["exit_code"]) == ("critical", "operator", 2)
     assert entry["error"] == "ConfigurationError"
     assert "LEASEBOX_OPERATOR_METRICS_PORT='lots'" in entry["message"]
+
+
+def test_the_operator_runs_on_the_event_loop_asked_for_and_refuses_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert build_parser().parse_args(["operator"]).event_loop == "auto"
+    assert build_parser().parse_args(["operator", "--event-loop", " AsyncIO"]).event_loop == (
+        "asyncio"
+    )
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["operator", "--event-loop", "trio"])
+    assert caught.value.code == 2
+    assert "'trio': choose auto, asyncio or uvloop" in capsys.readouterr().err
