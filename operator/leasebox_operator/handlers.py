@@ -34,16 +34,16 @@ from leasebox_operator.children import MANAGED_BY, Pool, selector
 from leasebox_operator.connection import KubeConnection
 from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
 from leasebox_operator.errors import PoolProblem
-from leasebox_operator.kube import (
-    CachedDeployment,
-    DeploymentCache,
-    Kube,
-    PoolKubeAdapter,
-    cached_deployment,
-)
+from leasebox_operator.kube import Kube
 from leasebox_operator.metrics import OperatorMetrics
 from leasebox_operator.models import GROUP, PLURAL, VERSION, PoolStatus
 from leasebox_operator.polling import PoolPoller, backoff_delay
+from leasebox_operator.pool_kube import (
+    CachedDeployment,
+    DeploymentCache,
+    PoolKubeAdapter,
+    cached_deployment,
+)
 from leasebox_operator.settings import OperatorSettings
 from leasebox_operator.status import StatusWriter
 

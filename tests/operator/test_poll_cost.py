@@ -22,10 +22,10 @@ from leasebox_operator.conditions import SLA_MET, ConditionUpdate
 from leasebox_operator.connection import KubeConnection
 from leasebox_operator.database import ConnectionPools
 from leasebox_operator.handlers import WORKERS, Runtime, WorkerDeployments, poll_pool
-from leasebox_operator.kube import CachedDeployment, PoolKubeAdapter, cached_deployment
 from leasebox_operator.metrics import OperatorMetrics
 from leasebox_operator.models import BacklogStatus, PoolStatus, RatesStatus
 from leasebox_operator.polling import DeploymentState
+from leasebox_operator.pool_kube import CachedDeployment, PoolKubeAdapter, cached_deployment
 from leasebox_operator.settings import OperatorSettings
 from leasebox_operator.status import StatusWriter
 
