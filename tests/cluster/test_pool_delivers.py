@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from leasebox import OutboxMessage, enqueue
+from leasebox.db.migrations import expected_schema_version
 from leasebox.testing.smtp_sink import SmtpSink
 from support.cluster.controlplane import ControlPlane
 from support.cluster.release import POOLS, Pool, secret
@@ -109,7 +110,14 @@ def test_an_applied_pool_migrates_runs_its_workers_and_delivers(
     pool = _apply_pool(control_plane, kube, namespace, empty_db_dsn, sink)
     wait_for(lambda: pool.ready_pods() >= 1, what="a ready worker pod", timeout=120)
     pool.wait_condition("Ready", "True", "Available")
-    assert "SchemaReady" in pool.event_reasons()
+    with psycopg.connect(empty_db_dsn) as conn:
+        applied = conn.execute("SELECT max(version) FROM leasebox.schema_migrations").fetchone()
+    assert applied == (expected_schema_version(),)
+    # The operator announces the schema only when a poll saw it missing; the workers' init
+    # container may migrate it before the pool's first poll (which waits a random part of its
+    # interval). tests/cluster/test_operator_scaling.py waits for both Events.
+    if "SchemaMissing" in pool.event_reasons():
+        wait_for(lambda: "SchemaReady" in pool.event_reasons(), what="the SchemaReady Event")
 
     deployment = pool.deployment() or {}
     template = deployment["spec"]["template"]
