@@ -31,6 +31,7 @@ from leasebox.db.queries import query
 from leasebox.errors import ConfigurationError, NotMigrated
 from leasebox.store.backlog import GENERIC_PLANS, Backlog, fetch_backlog_async
 from leasebox.store.reputation import Verdict, fetch_reputation_async, judge
+from leasebox_operator.backlog_gathering import BacklogGatherer
 from leasebox_operator.errors import PollError, PoolProblem, SecretError
 from leasebox_operator.models import PoolSpec
 from leasebox_operator.settings import OperatorSettings
@@ -53,6 +54,7 @@ class ConnectionPools:
         self.settings = settings
         self._pools: dict[str, AsyncConnectionPool[Any]] = {}
         self._current: dict[tuple[str, str], float] = {}  # (DSN, schema): found current at
+        self._gatherer = BacklogGatherer(self._backlog, settings.backlog_gather_seconds)
 
     async def _pool(self, dsn: str) -> AsyncConnectionPool[Any]:
         pool = self._pools.get(dsn)
@@ -107,6 +109,13 @@ class ConnectionPools:
             self._current.pop((dsn, schema), None)
 
     async def backlog(
+        self, dsn: str, kinds: list[str], schema: str, window_seconds: float
+    ) -> Backlog:
+        """The backlog of `kinds`, read with the other pools' reads of the gathering
+        window in one round trip (see `backlog_gathering`), or `PollError`."""
+        return await self._gatherer.backlog(dsn, kinds, schema, window_seconds)
+
+    async def _backlog(
         self, dsn: str, kinds: list[str], schema: str, window_seconds: float
     ) -> Backlog:
         """The backlog in one round trip, or `PollError`."""
@@ -185,6 +194,7 @@ class ConnectionPools:
         )
 
     async def close(self) -> None:
+        await self._gatherer.close()
         pools, self._pools, self._current = list(self._pools.values()), {}, {}
         for pool in pools:
             await pool.close()

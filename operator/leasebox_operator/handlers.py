@@ -329,9 +329,10 @@ async def poll_pool(
     # over the resync period, so that neither comes in bursts.
     resynced = time.monotonic() - runtime.stagger(runtime.settings.resync_seconds)
     await stopped.wait(runtime.stagger(_interval(body)))
+    parse = reconcile.PoolParser()
     while not stopped and not runtime.closed:
         resync = time.monotonic() - resynced >= runtime.settings.resync_seconds
-        delay = await _poll(poller, kube, body, runtime, writer, resync=resync)
+        delay = await _poll(poller, kube, body, runtime, writer, parse, resync=resync)
         if resync:
             resynced = time.monotonic()
         await stopped.wait(delay)
@@ -361,6 +362,7 @@ async def _poll(
     body: kopf.Body,
     runtime: Runtime,
     writer: StatusWriter,
+    parse: Callable[[kopf.Body], Pool],
     *,
     resync: bool,
 ) -> float:
@@ -370,7 +372,7 @@ async def _poll(
     Deployment is missing or its spec changed (the watch shows a new generation), so an
     edit of the Deployment made by hand is put back on the next poll."""
     try:
-        pool: Pool = reconcile.parse_pool(body)
+        pool = parse(body)
     except PoolProblem:
         return INVALID_SPEC_RECHECK_SECONDS  # the reconcile handler reports it
     try:

@@ -80,6 +80,26 @@ def parse_pool(body: Mapping[str, Any]) -> Pool:
     return Pool(namespace=namespace, name=name, spec=spec)
 
 
+class PoolParser:
+    """`parse_pool` once per generation of a live body.
+
+    A poll loop reads its pool's spec on every poll from the body kopf keeps current, and
+    the spec changes only with the generation; a spec the models reject is parsed again
+    each time (its loop waits seconds between tries).
+    """
+
+    def __init__(self) -> None:
+        self._parsed: tuple[int, Pool] | None = None
+
+    def __call__(self, body: Mapping[str, Any]) -> Pool:
+        generation = (body.get("metadata") or {}).get("generation")
+        if generation is not None and self._parsed and self._parsed[0] == generation:
+            return self._parsed[1]
+        pool = parse_pool(body)
+        self._parsed = None if generation is None else (int(generation), pool)
+        return pool
+
+
 async def check_secrets(kube: ChildrenApi, pool: Pool) -> None:
     """Every referenced Secret key exists (values are not read); else `SecretError`."""
     refs = [pool.spec.database.secret_ref, pool.spec.provider.secret_ref]

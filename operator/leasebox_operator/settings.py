@@ -39,6 +39,8 @@ class OperatorSettings:
         statement_timeout_seconds: server-side timeout of the backlog query.
         connect_timeout_seconds: timeout of one database connection attempt.
         pool_max_connections: connections per database, shared by every pool using it.
+        backlog_gather_seconds: how long a pool's backlog read waits for other pools' reads
+            of the same database to go out with them as one query (0: every read alone).
         max_poll_backoff_seconds: longest wait between polls while the database is down.
         api_backoffs: delays between retries of a failed Kubernetes API request.
         finalizer: the finalizer kopf puts on pools (so daemons stop before deletion).
@@ -66,6 +68,7 @@ class OperatorSettings:
     statement_timeout_seconds: float = 5.0
     connect_timeout_seconds: float = 5.0
     pool_max_connections: int = 4
+    backlog_gather_seconds: float = 0.1
     max_poll_backoff_seconds: float = 60.0
     api_backoffs: tuple[float, ...] = field(default=(1, 1, 2, 3, 5, 8))
     finalizer: str = f"{DOMAIN}/finalizer"
@@ -97,6 +100,8 @@ class OperatorSettings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be > 0")
+        if not 0 <= self.backlog_gather_seconds <= 1:
+            raise ConfigurationError("backlog_gather_seconds must be between 0 and 1")
         if self.pool_max_connections < 1:
             raise ConfigurationError("pool_max_connections must be >= 1")
 
@@ -113,6 +118,7 @@ class OperatorSettings:
             "STATEMENT_TIMEOUT": ("statement_timeout_seconds", float),
             "CONNECT_TIMEOUT": ("connect_timeout_seconds", float),
             "POOL_MAX_CONNECTIONS": ("pool_max_connections", int),
+            "BACKLOG_GATHER": ("backlog_gather_seconds", float),
             "MAX_POLL_BACKOFF": ("max_poll_backoff_seconds", float),
             "RESYNC": ("resync_seconds", float),
             "STATUS_HEARTBEAT": ("status_heartbeat_seconds", float),

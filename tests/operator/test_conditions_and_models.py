@@ -11,7 +11,7 @@ from leasebox_operator import conditions
 from leasebox_operator.conditions import ConditionUpdate
 from leasebox_operator.errors import InvalidSpec
 from leasebox_operator.models import Condition, PoolSpec
-from leasebox_operator.reconcile import parse_pool
+from leasebox_operator.reconcile import PoolParser, parse_pool
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -98,6 +98,30 @@ def test_invalid_spec_is_described_by_field_without_echoing_values(
 def test_a_pool_name_too_long_for_pod_labels_is_invalid() -> None:
     with pytest.raises(InvalidSpec, match=r"metadata\.name"):
         parse_pool(_body(BASE, name="p" * 60))
+
+
+def test_a_poll_loop_parses_its_live_body_again_only_when_the_generation_moves() -> None:
+    parse = PoolParser()
+    body = _body(BASE) | {"metadata": {"name": "otp", "namespace": "mail", "generation": 1}}
+    first = parse(body)
+    assert parse(body) is first
+    body["spec"] = BASE | {"paused": True}
+    assert parse(body) is first  # kopf moves the generation with every change of the spec
+    body["metadata"]["generation"] = 2
+    assert parse(body).spec.paused is True
+    body["spec"] = BASE | {"kinds": []}
+    body["metadata"]["generation"] = 3
+    for _ in range(2):  # a rejected spec is parsed, and refused, every time
+        with pytest.raises(InvalidSpec):
+            parse(body)
+
+
+def test_a_body_without_a_generation_is_parsed_every_time() -> None:
+    parse = PoolParser()
+    body = _body(BASE)
+    first = parse(body)
+    assert parse(body) is not first
+    assert parse(body) == first
 
 
 def test_models_round_trip_through_their_camel_case_form() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,6 +12,8 @@ import pytest
 from psycopg import conninfo
 
 from leasebox.db.migrations import expected_schema_version
+from leasebox.store.backlog import fetch_backlog_async
+from leasebox_operator import database
 from leasebox_operator.database import ConnectionPools, DatabaseBacklogSource
 from leasebox_operator.errors import PollError, SecretError
 from leasebox_operator.models import PoolSpec
@@ -64,6 +67,34 @@ async def test_pools_sharing_a_database_share_one_connection_pool(
     await first.fetch(SPEC, 5.0)
     assert len(pools._pools) == 1
     assert store.reads == 2  # the DSN is cached between polls
+
+
+async def test_pools_polling_together_share_one_backlog_query_and_keep_their_own_figures(
+    pools: ConnectionPools,
+    db_conn: psycopg.Connection[Any],
+    db_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queries: list[list[str]] = []
+
+    async def counted(conn: Any, kinds: list[str], **options: Any) -> Any:
+        queries.append(list(kinds))
+        return await fetch_backlog_async(conn, kinds, **options)
+
+    monkeypatch.setattr(database, "fetch_backlog_async", counted)
+    insert_backlog(db_conn, 3, kind="otp")
+    insert_backlog(db_conn, 2, kind="invite")
+    db_conn.commit()
+    store = SecretStore({("db", "dsn"): db_dsn})
+    invites = PoolSpec.model_validate(SPEC.model_dump(by_alias=True) | {"kinds": ["invite"]})
+    otp, invite = await asyncio.gather(
+        DatabaseBacklogSource(store, "mail", pools).fetch(SPEC, 5.0),
+        DatabaseBacklogSource(store, "other", pools).fetch(invites, 5.0),
+    )
+    assert [(k.kind, k.pending) for k in otp.kinds] == [("otp", 3)]
+    assert [(k.kind, k.pending) for k in invite.kinds] == [("invite", 2)]
+    assert otp.observed_at == invite.observed_at
+    assert queries == [["otp", "invite"]]
 
 
 async def test_the_pools_connections_run_the_backlog_on_its_generic_plan(

@@ -80,6 +80,10 @@ def test_bad_environment_settings_are_one_clear_error() -> None:
         OperatorSettings(namespaces=("a",), clusterwide=True)
     settings = OperatorSettings.from_environ({"LEASEBOX_OPERATOR_API_BACKOFFS": "0.2,0.5"})
     assert settings.api_backoffs == (0.2, 0.5)
+    gather = OperatorSettings.from_environ({"LEASEBOX_OPERATOR_BACKLOG_GATHER": "0"})
+    assert gather.backlog_gather_seconds == 0
+    with pytest.raises(ConfigurationError, match="backlog_gather_seconds must be between"):
+        OperatorSettings.from_environ({"LEASEBOX_OPERATOR_BACKLOG_GATHER": "5"})
 
 
 def test_a_bad_operator_setting_exits_2_with_one_json_line(

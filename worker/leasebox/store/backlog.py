@@ -101,6 +101,14 @@ class Backlog:
     def sent_per_second(self) -> float:
         return self._sum("sent_in_window") / self.window_seconds
 
+    def of_kinds(self, kinds: Sequence[str]) -> Backlog:
+        """The part of this backlog that covers `kinds` (one query can answer many pools)."""
+        wanted = set(kinds)
+        if all(k.kind in wanted for k in self.kinds):
+            return self
+        mine = tuple(k for k in self.kinds if k.kind in wanted)
+        return Backlog(kinds=mine, observed_at=self.observed_at, window_seconds=self.window_seconds)
+
     def by_kind(self) -> dict[str, Backlog]:
         """One backlog per kind, observed at the same instant."""
         return {k.kind: Backlog((k,), self.observed_at, self.window_seconds) for k in self.kinds}
