@@ -38,6 +38,14 @@ MANAGED_BY = "leasebox-operator"
 # the pod's grace period outlasts it, so a send never dies holding a lease it could finish.
 GRACE_BEYOND_LEASE_SECONDS = 15
 TERMINATION_MESSAGES = "FallbackToLogsOnError"
+# Each kind of child: its apiVersion and its resource's plural, for the manifests below, the
+# API paths (`kube`) and the check that the cluster serves it (`reconcile`).
+CHILD_RESOURCES = {
+    "Deployment": ("apps/v1", "deployments"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
+    "PrometheusRule": ("monitoring.coreos.com/v1", "prometheusrules"),
+}
 
 
 @dataclass(frozen=True)
@@ -252,7 +260,7 @@ def _pod_metadata(pool: Pool) -> dict[str, Any]:
 def deployment(pool: Pool, *, image: str) -> dict[str, Any]:
     """The worker Deployment, without `replicas`: the scaler owns it (through `/scale`)."""
     return {
-        "apiVersion": "apps/v1",
+        "apiVersion": CHILD_RESOURCES["Deployment"][0],
         "kind": "Deployment",
         "metadata": {
             "name": pool.deployment_name,
@@ -274,7 +282,7 @@ def deployment(pool: Pool, *, image: str) -> dict[str, Any]:
 def pod_disruption_budget(pool: Pool) -> dict[str, Any]:
     """Voluntary evictions take one worker at a time, so drains never empty the pool."""
     return {
-        "apiVersion": "policy/v1",
+        "apiVersion": CHILD_RESOURCES["PodDisruptionBudget"][0],
         "kind": "PodDisruptionBudget",
         "metadata": {
             "name": pool.deployment_name,
@@ -288,7 +296,7 @@ def pod_disruption_budget(pool: Pool) -> dict[str, Any]:
 def pod_monitor(pool: Pool) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor for the workers' metrics port."""
     return {
-        "apiVersion": "monitoring.coreos.com/v1",
+        "apiVersion": CHILD_RESOURCES["PodMonitor"][0],
         "kind": "PodMonitor",
         "metadata": {
             "name": pool.deployment_name,
@@ -318,7 +326,7 @@ def pod_monitor(pool: Pool) -> dict[str, Any]:
 def prometheus_rule(pool: Pool, runbook_base_url: str = alerts.RUNBOOK_BASE) -> dict[str, Any]:
     """The pool's PrometheusRule: the chart's alerts, narrowed to this pool."""
     return {
-        "apiVersion": "monitoring.coreos.com/v1",
+        "apiVersion": CHILD_RESOURCES["PrometheusRule"][0],
         "kind": "PrometheusRule",
         "metadata": {
             "name": pool.deployment_name,

@@ -28,6 +28,7 @@ from urllib.parse import quote, urlencode
 
 from kubernetes.aio import client
 
+from leasebox_operator.children import CHILD_RESOURCES
 from leasebox_operator.errors import FieldConflict, SecretError
 from leasebox_operator.models import GROUP, PLURAL, VERSION
 
@@ -41,19 +42,6 @@ DISCOVERY_TTL_SECONDS = 300.0
 DISCOVERY_MISSING_TTL_SECONDS = 10.0
 # The server names the other manager of a contested field in each cause's message.
 CONFLICT_MANAGER = re.compile(r'conflict with "([^"]+)"')
-# Where each kind of child lives: its API group's path and its resource's plural.
-CHILD_PATHS = {
-    "Deployment": "/apis/apps/v1",
-    "PodDisruptionBudget": "/apis/policy/v1",
-    "PodMonitor": "/apis/monitoring.coreos.com/v1",
-    "PrometheusRule": "/apis/monitoring.coreos.com/v1",
-}
-CHILD_PLURALS = {
-    "Deployment": "deployments",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "PodMonitor": "podmonitors",
-    "PrometheusRule": "prometheusrules",
-}
 
 
 def _q(segment: str) -> str:
@@ -62,7 +50,8 @@ def _q(segment: str) -> str:
 
 
 def _child_path(kind: str, namespace: str, name: str | None = None) -> str:
-    path = f"{CHILD_PATHS[kind]}/namespaces/{_q(namespace)}/{CHILD_PLURALS[kind]}"
+    api_version, plural = CHILD_RESOURCES[kind]
+    path = f"/apis/{api_version}/namespaces/{_q(namespace)}/{plural}"
     return path if name is None else f"{path}/{_q(name)}"
 
 

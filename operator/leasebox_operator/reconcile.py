@@ -31,9 +31,6 @@ from leasebox_operator.children import Pool
 from leasebox_operator.errors import ChildConflict, FieldConflict, InvalidSpec, SecretError
 from leasebox_operator.models import POOL_RULES, PoolSpec
 
-MONITORING = "monitoring.coreos.com/v1"
-MONITORING_PLURALS = {"PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
-
 
 class ChildrenApi(Protocol):
     """What reconciling needs from the Kubernetes API (children as plain dicts)."""
@@ -208,11 +205,11 @@ async def _monitoring(
     )
     name = pool.deployment_name  # both objects are named after the workers
     for enabled, kind, build in wanted:
-        plural = MONITORING_PLURALS[kind]
-        served = await kube.serves(MONITORING, plural)
+        api_version, plural = children.CHILD_RESOURCES[kind]
+        served = await kube.serves(api_version, plural)
         if enabled and not served:
             applied.warnings.append(
-                f"{kind} requested but the cluster does not serve {MONITORING} {plural}; "
+                f"{kind} requested but the cluster does not serve {api_version} {plural}; "
                 "install the Prometheus Operator CRDs"
             )
         elif enabled:
