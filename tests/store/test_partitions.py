@@ -62,6 +62,7 @@ def test_a_migrated_schema_has_every_table_partitioned_from_today_to_a_week_ahea
 def test_a_day_without_a_partition_takes_its_rows_and_maintenance_gives_them_their_own(
     db_conn: psycopg.Connection[Any],
 ) -> None:
+    ensure_partitions(db_conn)  # the session's schema may have been made the day before
     later = datetime.now(UTC) + timedelta(days=40)
     outbox_id = sent_message(db_conn, "far", later)
     insert_receipt(db_conn, outbox_id, "k", expires_at=later + timedelta(days=1))
@@ -93,6 +94,7 @@ def test_a_day_without_a_partition_takes_its_rows_and_maintenance_gives_them_the
 def test_maintaining_again_creates_nothing_and_racing_maintainers_create_each_day_once(
     db_conn: psycopg.Connection[Any], db_dsn: str
 ) -> None:
+    ensure_partitions(db_conn)  # the session's schema may have been made the day before
     today = database_today(db_conn)
     assert ensure_partitions(db_conn) == []
     errors: list[BaseException] = []
