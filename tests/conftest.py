@@ -148,6 +148,14 @@ def empty_db_dsn(server_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def other_empty_db_dsn(server_dsn: str) -> Iterator[str]:
+    """A second fresh, empty database, for tests that build two schemas side by side."""
+    dsn = create_database(server_dsn)
+    yield dsn
+    drop_database(server_dsn, dsn)
+
+
+@pytest.fixture
 def db_dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
     """A fresh, migrated database for one test."""
     dsn = create_database(server_dsn, TEMPLATE_DB)

@@ -1,13 +1,18 @@
-"""Named queries load, schema names are validated, and DSNs are never printed with passwords."""
+"""Named queries load and go out compact, schema names are validated, batch arrays read back
+intact, and DSNs are never printed with passwords."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 import pytest
 
 from leasebox.db.connections import describe_target, redact_dsn, resolve_dsn
-from leasebox.db.queries import query, query_names, validate_schema_name
+from leasebox.db.queries import query, query_bytes, query_names, validate_schema_name
 from leasebox.errors import ConfigurationError, PayloadKeyError
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
+from leasebox.store.claiming import text_array
 
 
 def test_every_named_query_composes_for_a_custom_schema() -> None:
@@ -58,3 +63,57 @@ def test_payload_keys_rotate_and_bad_keys_are_named() -> None:
         PayloadCipher().open(sealed)
     with pytest.raises(PayloadKeyError, match="Fernet keys"):
         PayloadCipher(["not-a-key"])
+
+
+# psycopg parses a statement again on every execution when it is longer than this
+# (`psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`); the worker's statements stay below it.
+PSYCOPG_CACHED_STATEMENT_LENGTH = 4096
+HOT_STATEMENTS = ("claim", "claim_without_content", "mark_sent", "extend_leases", "enqueue")
+
+
+def test_statements_go_out_without_their_comments_and_with_their_name() -> None:
+    for name in query_names():
+        text = query_bytes(name).decode()
+        first, _, body = text.partition("\n")
+        assert first == f"/* leasebox {name} */"
+        assert "--" not in body, name
+        assert all(line and line == line.strip() for line in body.splitlines()), name
+
+
+@pytest.mark.parametrize("name", HOT_STATEMENTS)
+def test_the_workers_statements_are_short_enough_for_psycopg_to_cache(name: str) -> None:
+    assert len(query_bytes(name)) <= PSYCOPG_CACHED_STATEMENT_LENGTH
+
+
+TRICKY_TEXTS = [
+    "null:otp:1",
+    None,
+    "",
+    "NULL",
+    'a "quoted" id',
+    "back\\slash\\",
+    "comma,{brace}",
+    " spaced ",
+    "<0100018c@eu-west-1.amazonses.com>",
+    "ünïcödé",
+]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        TRICKY_TEXTS,
+        [text for text in TRICKY_TEXTS if text is not None],
+        ["null:otp:1", "", "NULL", "comma,{brace}", " spaced ", "ünïcödé"],
+        ['"'],
+        ["\\"],
+        ["one"],
+        [],
+    ],
+)
+def test_a_text_array_literal_reads_back_as_the_same_values(
+    db_conn: psycopg.Connection[Any], values: list[str | None]
+) -> None:
+    row = db_conn.execute("SELECT %s::text[]", [text_array(values)]).fetchone()
+    assert row is not None
+    assert row[0] == values

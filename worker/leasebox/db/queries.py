@@ -109,8 +109,22 @@ def named_queries(source: SqlFile = CORE) -> dict[str, NamedQuery]:
         described = _DESCRIPTION.fullmatch(first.strip())
         if described is None:
             raise ValueError(f"{source.name}: query {name!r} lacks its one-line description")
-        queries[name] = NamedQuery(name, described.group(1), _INCLUDE.sub(include, rest).strip())
+        text = compact(_INCLUDE.sub(include, rest))
+        queries[name] = NamedQuery(name, described.group(1), f"/* leasebox {name} */\n{text}")
     return queries
+
+
+def compact(text: str) -> str:
+    """SQL text as it is sent: without its comment lines, blank lines and indentation.
+
+    The comments are for the reader of the file. On the wire they would only lengthen the
+    statement, and psycopg parses a statement longer than 4,096 bytes again on every
+    execution instead of caching it (a claim, with its comments, is about 7,000 bytes). The
+    files hold no string literal that spans lines, so only SQL is touched. The statement
+    keeps its name in a leading comment, for `pg_stat_statements` and the server's log.
+    """
+    lines = (line.strip() for line in text.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 def query_names(source: SqlFile = CORE) -> list[str]:

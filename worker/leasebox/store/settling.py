@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
 from leasebox.states import DeadReason
-from leasebox.store.claiming import Connection, LeaseRef, lease_keys
+from leasebox.store.claiming import Connection, LeaseRef, lease_keys, text_array
 
 
 class Sent(NamedTuple):
@@ -93,7 +93,7 @@ async def mark_sent(
         return {}
     params = {
         **lease_keys(item.lease for item in items),
-        "provider_message_ids": [item.provider_message_id for item in items],
+        "provider_message_ids": text_array(item.provider_message_id for item in items),
         "now": now,
         "worker_id": worker_id,
     }
