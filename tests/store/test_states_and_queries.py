@@ -115,6 +115,8 @@ def test_the_notify_channel_is_the_one_in_the_trigger_and_the_listen() -> None:
         ("-- name: a\nSELECT 1;\n", "lacks its one-line description"),
         ("-- name: a\n-- A.\nSELECT 1;\n-- name: a\n-- B.\nSELECT 2;\n", "twice"),
         ("-- name: a\n-- A.\nSELECT\n-- include: nowhere\n", "unknown fragment"),
+        ("-- name: a\n-- A.\nSELECT 'two\n  lines';\n", "query 'a': a string spans lines"),
+        ("-- name: a\n-- A.\nDO $$ BEGIN\nEND $$;\n", "query 'a': a string spans lines"),
     ],
 )
 def test_a_malformed_query_file_is_refused_by_name(

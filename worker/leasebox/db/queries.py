@@ -19,7 +19,8 @@ line of their own:
     -- include: dead_letter_selection
 
 The schema name is configurable, so each statement is composed with `psycopg.sql.Identifier`
-(never string formatting) and cached per (file, name, schema). The NOTIFY channel is defined
+(never string formatting) and cached per (file, name, schema). Comments are the reader's: a
+statement goes out without them (`compact`), under its name. The NOTIFY channel is defined
 here once and composed into the trigger and the LISTEN statement.
 """
 
@@ -109,7 +110,10 @@ def named_queries(source: SqlFile = CORE) -> dict[str, NamedQuery]:
         described = _DESCRIPTION.fullmatch(first.strip())
         if described is None:
             raise ValueError(f"{source.name}: query {name!r} lacks its one-line description")
-        text = compact(_INCLUDE.sub(include, rest))
+        try:
+            text = compact(_INCLUDE.sub(include, rest))
+        except ValueError as exc:
+            raise ValueError(f"{source.name}: query {name!r}: {exc}") from None
         queries[name] = NamedQuery(name, described.group(1), f"/* leasebox {name} */\n{text}")
     return queries
 
@@ -120,11 +124,18 @@ def compact(text: str) -> str:
     The comments are for the reader of the file. On the wire they would only lengthen the
     statement, and psycopg parses a statement longer than 4,096 bytes again on every
     execution instead of caching it (a claim, with its comments, is about 7,000 bytes). The
-    files hold no string literal that spans lines, so only SQL is touched. The statement
-    keeps its name in a leading comment, for `pg_stat_statements` and the server's log.
+    statement keeps its name in a leading comment, for `pg_stat_statements` and the
+    server's log. A string that spans lines would be changed, so it is refused.
     """
-    lines = (line.strip() for line in text.splitlines())
-    return "\n".join(line for line in lines if line and not line.startswith("--"))
+    kept = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("--"):
+            continue
+        if line.count("'") % 2 or "$$" in line:
+            raise ValueError(f"a string spans lines, which compacting would change: {line}")
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def query_names(source: SqlFile = CORE) -> list[str]:
