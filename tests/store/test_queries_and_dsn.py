@@ -9,10 +9,9 @@ import psycopg
 import pytest
 
 from leasebox.db.connections import describe_target, redact_dsn, resolve_dsn
-from leasebox.db.queries import query, query_bytes, query_names, validate_schema_name
+from leasebox.db.queries import query, query_bytes, query_names, text_array, validate_schema_name
 from leasebox.errors import ConfigurationError, PayloadKeyError
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
-from leasebox.store.claiming import text_array
 
 
 def test_every_named_query_composes_for_a_custom_schema() -> None:

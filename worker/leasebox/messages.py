@@ -44,6 +44,11 @@ from pydantic import (
 from leasebox.addresses import address_key, ascii_domain, mailbox_key
 from leasebox.errors import InvalidMessage, InvalidRequest, UnreadableData
 
+# Encoders made once: `json.dumps` with arguments builds an encoder on every call, which is
+# half of its cost for a message's small objects (a producer encodes each message twice).
+_STORED_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_CANONICAL_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
 BUILTIN_KINDS = ("otp", "verification", "password_reset", "invite")
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 TEMPLATE_PATTERN = r"^[a-z0-9][a-z0-9_\-]*(/[a-z0-9][a-z0-9_\-]*)*$"
@@ -222,7 +227,7 @@ class OutboxMessage(BaseModel):
         if too_deep(value):
             raise ValueError(f"must not be nested more than {MAX_DATA_DEPTH} levels deep")
         try:
-            encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
+            encoded = _STORED_JSON.encode(value)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"must be JSON-serialisable: {exc}") from None
         if _unstorable_strings(value):
@@ -301,7 +306,7 @@ class OutboxMessage(BaseModel):
         A retried API call generates a new OTP code but is the same request; what identifies
         it is who gets which template with which public variables.
         """
-        canonical = json.dumps(
+        canonical = _CANONICAL_JSON.encode(
             {
                 "kind": self.kind,
                 # The address's own form: a retried request that spells a mailbox
@@ -310,9 +315,7 @@ class OutboxMessage(BaseModel):
                 "template": self.template,
                 "aggregate_id": self.aggregate_id,
                 "data": self.data,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+            }
         )
         return hashlib.sha256(canonical.encode()).hexdigest()
 

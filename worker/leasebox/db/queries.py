@@ -27,6 +27,7 @@ here once and composed into the trigger and the LISTEN statement.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -169,3 +170,27 @@ def query_bytes(name: str, schema: str = DEFAULT_SCHEMA, source: SqlFile = CORE)
     """The named statement as UTF-8 bytes, composed once: for the hot paths, where composing
     the `sql.Composed` again on every execution costs more than the statement's own work."""
     return query(name, schema, source).as_bytes(None)
+
+
+def text_array(values: Iterable[str | None]) -> str:
+    """A `text[]` literal of `values` (None is NULL), for a batch statement's text column
+    (`%(name)s::text[]`).
+
+    psycopg packs a list element by element in Python (about 38 µs for the 100 provider ids
+    of a settled batch, in the binary format); this literal takes 3 when no value holds a
+    double quote or a backslash, as ids and keys almost never do, and quotes each element
+    otherwise. Every element is quoted, so that no text reads as NULL or as a separator.
+    """
+    texts = list(values)
+    if None not in texts:
+        joined = '","'.join(cast("list[str]", texts))
+        if joined.count('"') == 2 * (len(texts) - 1) and "\\" not in joined:
+            return '{"' + joined + '"}'
+    return (
+        "{"
+        + ",".join(
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for v in texts
+        )
+        + "}"
+    )

@@ -26,6 +26,8 @@ from leasebox.errors import ConfigurationError, MissingPayloadKeys, PayloadKeyEr
 KEYS_VARIABLE = "LEASEBOX_PAYLOAD_KEYS"
 PLAINTEXT_VARIABLE = "LEASEBOX_ALLOW_PLAINTEXT_SECRETS"
 _PLAIN = b"p1:"
+# Made once: `json.dumps` with arguments builds an encoder on every call.
+_CANONICAL_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 _FERNET = b"f1:"
 
 
@@ -63,7 +65,7 @@ class PayloadCipher:
         return f"no keys ({KEYS_VARIABLE} unset: encrypted secrets cannot be opened)"
 
     def seal(self, secrets: Mapping[str, str]) -> bytes:
-        raw = json.dumps(dict(secrets), separators=(",", ":"), sort_keys=True).encode()
+        raw = _CANONICAL_JSON.encode(dict(secrets)).encode()
         if self._fernet is None:
             if not self.allow_plaintext:
                 raise PayloadKeyError(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -152,29 +152,6 @@ def lease_keys(leases: Iterable[LeaseRef]) -> dict[str, str]:
         "ids": "{" + ",".join(map(str, ids)) + "}",
         "tokens": "{" + ",".join(map(str, tokens)) + "}",
     }
-
-
-def text_array(values: Iterable[str | None]) -> str:
-    """A `text[]` literal of `values` (None is NULL), for a batch statement's text column.
-
-    psycopg packs a list element by element in Python (about 38 µs for the 100 provider ids
-    of a settled batch, in the binary format); this literal takes 3 when no value holds a
-    double quote or a backslash, as ids almost never do, and quotes each element otherwise.
-    Every element is quoted, so that no text reads as NULL or as a separator.
-    """
-    texts = list(values)
-    if None not in texts:
-        joined = '","'.join(cast("list[str]", texts))
-        if joined.count('"') == 2 * (len(texts) - 1) and "\\" not in joined:
-            return '{"' + joined + '"}'
-    return (
-        "{"
-        + ",".join(
-            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            for v in texts
-        )
-        + "}"
-    )
 
 
 async def claim(

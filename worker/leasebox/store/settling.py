@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes
+from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes, text_array
 from leasebox.states import DeadReason
-from leasebox.store.claiming import Connection, LeaseRef, lease_keys, text_array
+from leasebox.store.claiming import Connection, LeaseRef, lease_keys
 
 
 class Sent(NamedTuple):

@@ -161,19 +161,20 @@ FROM (
 -- prepared statement's batch size, would loop over one set for each row of the other): each
 -- message is looked up on its own (a LATERAL with LIMIT 1, one index probe per partition),
 -- and the rest are passes over the batch and one window, so the cost grows with the size of
--- the batch, not with its square. Arrays come in binary, which psycopg dumps without quoting.
+-- the batch, not with its square. Text columns come as array literals (`text_array`), the
+-- others in binary, which psycopg dumps without quoting.
 -- A message written with a replacement key supersedes, as `enqueue` does, the key's pending
 -- messages in the queue and any earlier message of the batch with the same key (written, never
 -- queued): the last of a key in the batch is the one sent.
 WITH input AS (
     SELECT *
-    FROM unnest(%(kinds)b::text[], %(aggregate_ids)b::text[], %(recipients)b::text[],
-                %(recipient_keys)b::text[], %(message_hashes)b::text[], %(templates)b::text[],
-                %(data)b::jsonb[], %(secrets)b::bytea[], %(delivery_keys)b::text[],
+    FROM unnest(%(kinds)s::text[], %(aggregate_ids)s::text[], %(recipients)s::text[],
+                %(recipient_keys)s::text[], %(message_hashes)s::text[], %(templates)s::text[],
+                %(data)b::jsonb[], %(secrets)b::bytea[], %(delivery_keys)s::text[],
                 %(explicit_keys)b::bool[], %(max_attempts)b::int[],
                 %(available_at)b::timestamptz[], %(expires_at)b::timestamptz[],
-                %(idempotency_keys)b::text[], %(request_hashes)b::text[],
-                %(replacement_keys)b::text[])
+                %(idempotency_keys)s::text[], %(request_hashes)s::text[],
+                %(replacement_keys)s::text[])
          WITH ORDINALITY
          AS i(kind, aggregate_id, recipient, recipient_key, message_hash, template, data,
               secrets, delivery_key, explicit_key, max_attempts, available_at, expires_at,
