@@ -23,13 +23,13 @@ error rather than ignored.
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from leasebox.catalogue import Catalogue, default_catalogue
 from leasebox.db.queries import DEFAULT_SCHEMA, query_bytes, text_array
@@ -130,7 +130,7 @@ def _prepare(
         columns["recipient_keys"].append(message.recipient_key)
         columns["message_hashes"].append(message_hash)
         columns["templates"].append(message.template)
-        columns["data"].append(Jsonb(message.data))
+        columns["data"].append(message.data)
         columns["secrets"].append(cipher.seal(message.secrets) if message.secrets else None)
         columns["delivery_keys"].append(explicit or f"{message.kind}:{uuid.uuid4().hex}")
         columns["explicit_keys"].append(explicit is not None)
@@ -163,6 +163,9 @@ def _prepare(
     params: dict[str, Any] = {
         **columns,
         **{name: text_array(columns[name]) for name in _TEXT_COLUMNS},
+        # One JSON array for the batch: packing 100 `Jsonb` values into a `jsonb[]` took
+        # five times as long as encoding them together.
+        "data": _JSON.encode(columns["data"]),
         "scope": scope_name,
         "ttl_seconds": receipt_ttl_seconds,
         "trace_context": carried_trace_context(),
@@ -197,6 +200,7 @@ _COLUMNS = (
 )
 
 
+_JSON = json.JSONEncoder()
 # The columns sent as `text[]` literals: cheaper to build than psycopg's element-by-element
 # packing of a list (about a third of binding a batch of 100).
 _TEXT_COLUMNS = (

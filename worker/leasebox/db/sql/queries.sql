@@ -162,7 +162,7 @@ FROM (
 -- message is looked up on its own (a LATERAL with LIMIT 1, one index probe per partition),
 -- and the rest are passes over the batch and one window, so the cost grows with the size of
 -- the batch, not with its square. Text columns come as array literals (`text_array`), the
--- others in binary, which psycopg dumps without quoting.
+-- messages' data as one JSON array, the others in binary, which psycopg dumps unquoted.
 -- A message written with a replacement key supersedes, as `enqueue` does, the key's pending
 -- messages in the queue and any earlier message of the batch with the same key (written, never
 -- queued): the last of a key in the batch is the one sent.
@@ -170,7 +170,10 @@ WITH input AS (
     SELECT *
     FROM unnest(%(kinds)s::text[], %(aggregate_ids)s::text[], %(recipients)s::text[],
                 %(recipient_keys)s::text[], %(message_hashes)s::text[], %(templates)s::text[],
-                %(data)b::jsonb[], %(secrets)b::bytea[], %(delivery_keys)s::text[],
+                ARRAY(SELECT d.value
+                      FROM jsonb_array_elements(%(data)s::jsonb) WITH ORDINALITY AS d(value, n)
+                      ORDER BY d.n),
+                %(secrets)b::bytea[], %(delivery_keys)s::text[],
                 %(explicit_keys)b::bool[], %(max_attempts)b::int[],
                 %(available_at)b::timestamptz[], %(expires_at)b::timestamptz[],
                 %(idempotency_keys)s::text[], %(request_hashes)s::text[],
