@@ -66,6 +66,34 @@ def test_a_mixed_batch_gets_one_receipt_per_message_in_input_order(
     assert again.outbox_id == receipts[0].outbox_id
 
 
+def test_each_message_of_a_batch_is_stored_as_given_whatever_its_text_holds(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    messages = [
+        otp("o'brien@example.com", aggregate_id=None, data={"name": 'Ann "A" \\ B'}),
+        otp("zoe@exämple.com", aggregate_id="NULL", data={"name": "Zoë", "deep": {"a": [1, 2]}}),
+        otp("x{y}@example.com", aggregate_id='a,{b} "c"', data={}),
+        otp("plain@example.com", replacement_key="login:ann", data={"x": None, "y": 1.5}),
+    ]
+    receipts = enqueue_many(
+        db_conn, messages, idempotency_keys=['k "1"', None, "k\\3", "k,4"], scope="s"
+    )
+    db_conn.commit()
+    stored = db_conn.execute(
+        "SELECT o.id, o.recipient, o.aggregate_id, o.data, o.replacement_key, r.idempotency_key"
+        " FROM leasebox.outbox AS o LEFT JOIN leasebox.receipts AS r ON r.outbox_id = o.id"
+        " WHERE o.id = ANY(%s)",
+        [[r.outbox_id for r in receipts]],
+    ).fetchall()
+    by_id = {row[0]: row[1:] for row in stored}
+    assert [by_id[r.outbox_id] for r in receipts] == [
+        ("o'brien@example.com", None, {"name": 'Ann "A" \\ B'}, None, 'k "1"'),
+        ("zoe@exämple.com", "NULL", {"name": "Zoë", "deep": {"a": [1, 2]}}, None, None),
+        ("x{y}@example.com", 'a,{b} "c"', {}, None, "k\\3"),
+        ("plain@example.com", "user-1", {"x": None, "y": 1.5}, "login:ann", "k,4"),
+    ]
+
+
 def test_a_conflict_in_the_batch_writes_nothing_and_names_every_offender(
     db_conn: psycopg.Connection[Any],
 ) -> None:

@@ -45,7 +45,8 @@ from leasebox.addresses import address_key, ascii_domain, mailbox_key
 from leasebox.errors import InvalidMessage, InvalidRequest, UnreadableData
 
 # Encoders made once: `json.dumps` with arguments builds an encoder on every call, which is
-# half of its cost for a message's small objects (a producer encodes each message twice).
+# half of its cost for a message's small objects (a message is encoded for its size check,
+# then for its fingerprint).
 _STORED_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _CANONICAL_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 

@@ -200,6 +200,7 @@ _COLUMNS = (
 )
 
 
+# The batch's data, as one JSON array (made once: `json.dumps` builds an encoder per call).
 _JSON = json.JSONEncoder()
 # The columns sent as `text[]` literals: cheaper to build than psycopg's element-by-element
 # packing of a list (about a third of binding a batch of 100).
