@@ -3,6 +3,7 @@ intact, and DSNs are never printed with passwords."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -12,6 +13,7 @@ from leasebox.db.connections import describe_target, redact_dsn, resolve_dsn
 from leasebox.db.queries import query, query_bytes, query_names, text_array, validate_schema_name
 from leasebox.errors import ConfigurationError, PayloadKeyError
 from leasebox.producer.payload_crypto import PayloadCipher, generate_key
+from leasebox.store.claiming import NEVER_AGED, _literal
 
 
 def test_every_named_query_composes_for_a_custom_schema() -> None:
@@ -116,3 +118,21 @@ def test_a_text_array_literal_reads_back_as_the_same_values(
     row = db_conn.execute("SELECT %s::text[]", [text_array(values)]).fetchone()
     assert row is not None
     assert row[0] == values
+
+
+def test_a_claims_per_kind_arrays_read_back_as_the_same_values(
+    db_conn: psycopg.Connection[Any],
+) -> None:
+    moment = datetime(2026, 12, 7, 1, 2, 3, 456789, tzinfo=UTC)
+    values = (
+        [moment, None, moment.astimezone(timezone(timedelta(hours=5, minutes=30)))],
+        [None, 9_007_199_254_740_993, 0],
+        [0, -3, 7],
+        [NEVER_AGED, 0.25, 1e-05, float("inf")],
+    )
+    row = db_conn.execute(
+        "SELECT %s::timestamptz[], %s::bigint[], %s::int[], %s::float8[]",
+        [_literal(v) for v in values],
+    ).fetchone()
+    assert row is not None
+    assert list(row) == list(values)
