@@ -180,28 +180,6 @@ def _prepare(
     )
 
 
-_COLUMNS = (
-    "kinds",
-    "aggregate_ids",
-    "recipients",
-    "recipient_keys",
-    "message_hashes",
-    "templates",
-    "data",
-    "secrets",
-    "delivery_keys",
-    "explicit_keys",
-    "max_attempts",
-    "available_at",
-    "expires_at",
-    "idempotency_keys",
-    "request_hashes",
-    "replacement_keys",
-)
-
-
-# The batch's data, as one JSON array (made once: `json.dumps` builds an encoder per call).
-_JSON = json.JSONEncoder()
 # The columns sent as `text[]` literals: cheaper to build than psycopg's element-by-element
 # packing of a list (about a third of binding a batch of 100).
 _TEXT_COLUMNS = (
@@ -216,6 +194,18 @@ _TEXT_COLUMNS = (
     "request_hashes",
     "replacement_keys",
 )
+# Every column; the others go in binary, and the data as one JSON array.
+_COLUMNS = (
+    *_TEXT_COLUMNS,
+    "data",
+    "secrets",
+    "explicit_keys",
+    "max_attempts",
+    "available_at",
+    "expires_at",
+)
+# The batch's data, as one JSON array (made once: `json.dumps` builds an encoder per call).
+_JSON = json.JSONEncoder()
 
 
 def _per_message(values: Sequence[str | None] | None, count: int, name: str) -> list[str | None]:
