@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,13 +217,15 @@ def run_profile(
     *,
     name: str = "null",
     provider: str = "null://",
+    flags: Sequence[str] | None = None,
     results: Path = RESULTS,
 ) -> Profile:
-    """Profile one drain of `rows` rows; write the raw samples and the summary."""
+    """Profile one drain of `rows` rows; write the raw samples and the summary. The worker
+    runs with `flags`, by default those of the drain benchmarks."""
     results.mkdir(parents=True, exist_ok=True)
     raw = results / f"profile-{name}.txt"
     summary = results / f"profile-{name}.md"
-    system = leasebox_system(provider=provider)
+    system = leasebox_system(None if flags is None else list(flags), provider=provider)
     unused = Path(tempfile.gettempdir()) / "leasebox-bench-unused.json"
     tool = _py_spy()
     error = "py-spy is not installed"

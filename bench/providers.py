@@ -30,7 +30,7 @@ from bench.accounting import Accounting, account_ids, combine
 from bench.drain import DrainResult, Idle, keep_better, run_case
 from bench.pgserver import BenchServer
 from bench.standins import HttpMailApi, SmtpServer
-from bench.systems import ROOT, leasebox_system, verify_outbox
+from bench.systems import LEASEBOX_BATCH_FLAGS, ROOT, leasebox_system, verify_outbox
 
 SEEDED_KEY_PREFIX = "otp:bench:"
 BARE_KEY_PREFIX = "otp:bare:"
@@ -169,7 +169,7 @@ def run_smtp(server: BenchServer, rows: int, *, rounds: int = 2) -> dict[str, An
     idle: dict[tuple[str, int], Idle] = {}
     with SmtpServer() as smtp:
         system = leasebox_system(
-            None,
+            list(LEASEBOX_BATCH_FLAGS),
             provider=smtp.url(SMTP_POOL_SIZE),
             name="leasebox (smtp)",
             verify=_checked_by(smtp.counts.snapshot),

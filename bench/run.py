@@ -30,7 +30,7 @@ from bench.pgserver import bench_server
 from bench.profile_drain import run_profile
 from bench.providers import SMTP_POOL_SIZE, run_http, run_smtp
 from bench.standins import SmtpServer
-from bench.systems import FACTORIES, NODE_SYSTEMS, leasebox_worker_ready
+from bench.systems import FACTORIES, LEASEBOX_BATCH_FLAGS, NODE_SYSTEMS, leasebox_worker_ready
 
 BENCHMARKS = (
     "drain",
@@ -280,6 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         sizes.profile_smtp_rows,
                         name="smtp",
                         provider=smtp.url(SMTP_POOL_SIZE),
+                        flags=LEASEBOX_BATCH_FLAGS,
                     )
                 )
             results["profiles"] = [p.as_dict() for p in profiles]

@@ -185,7 +185,13 @@ def _status_check(statement: str) -> Callable[[str, int, list[Path]], Accounting
 
 # Claim as many rows per statement as the plain baseline and PgQueuer do (100); the worker's
 # default batch is its concurrency (32), which keeps fewer rows leased per process.
-LEASEBOX_SHORT_JOB_FLAGS = ("--batch-size", "100")
+LEASEBOX_BATCH_FLAGS = ("--batch-size", "100")
+# A no-op send (`null://`) never waits, so the senders work through a claimed batch without
+# letting the claim loop run: the next claim goes out while a batch is still unsent only if
+# the worker may hold more than one batch beyond its senders (concurrency + batch size rows
+# not yet sent). 200 sends in flight let the claims run back to back, as PgQueuer runs its
+# no-op jobs with no cap on concurrent tasks (bench/README.md has the sweep).
+LEASEBOX_SHORT_JOB_FLAGS = (*LEASEBOX_BATCH_FLAGS, "--concurrency", "200")
 
 
 def leasebox_system(
