@@ -46,8 +46,8 @@ from leasebox.errors import InvalidMessage, InvalidRequest, UnreadableData
 
 # Encoders made once: `json.dumps` with arguments builds an encoder on every call, which is
 # half of its cost for a message's small objects (a message is encoded for its size check,
-# then for its fingerprint).
-_STORED_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# then for its fingerprint). `STORED_JSON` is also how a batch's data goes to the database.
+STORED_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _CANONICAL_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
 BUILTIN_KINDS = ("otp", "verification", "password_reset", "invite")
@@ -228,7 +228,7 @@ class OutboxMessage(BaseModel):
         if too_deep(value):
             raise ValueError(f"must not be nested more than {MAX_DATA_DEPTH} levels deep")
         try:
-            encoded = _STORED_JSON.encode(value)
+            encoded = STORED_JSON.encode(value)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"must be JSON-serialisable: {exc}") from None
         if _unstorable_strings(value):

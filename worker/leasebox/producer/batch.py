@@ -23,7 +23,6 @@ error rather than ignored.
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from leasebox.errors import (
 )
 from leasebox.messages import (
     DEFAULT_RECEIPT_TTL_SECONDS,
+    STORED_JSON,
     OutboxMessage,
     Receipt,
     check_request_key,
@@ -165,7 +165,7 @@ def _prepare(
         **{name: text_array(columns[name]) for name in _TEXT_COLUMNS},
         # One JSON array for the batch: packing 100 `Jsonb` values into a `jsonb[]` took
         # five times as long as encoding them together.
-        "data": _JSON.encode(columns["data"]),
+        "data": STORED_JSON.encode(columns["data"]),
         "scope": scope_name,
         "ttl_seconds": receipt_ttl_seconds,
         "trace_context": carried_trace_context(),
@@ -204,8 +204,6 @@ _COLUMNS = (
     "available_at",
     "expires_at",
 )
-# The batch's data, as one JSON array (made once: `json.dumps` builds an encoder per call).
-_JSON = json.JSONEncoder()
 
 
 def _per_message(values: Sequence[str | None] | None, count: int, name: str) -> list[str | None]:
