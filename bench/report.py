@@ -66,6 +66,13 @@ def _num(value: object, digits: int = 0) -> str:
     return f"{number:,.{digits}f}"
 
 
+def _pair(p50: object, p99: object) -> str:
+    """A part's p50 / p99 (ms); n/a for a run from before parts were measured."""
+    if p50 is None or p99 is None:
+        return "n/a"
+    return f"{_num(p50, 1)} / {_num(p99, 1)}"
+
+
 def _cases(drain: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
     return sorted({(int(r["rows"]), int(r["processes"])) for r in drain})
 
@@ -240,9 +247,21 @@ def render(results: dict[str, Any]) -> str:
         )
     if results.get("otp_backlog"):
         parts.append(
-            "**OTP behind a verification backlog** (one worker, null://, enqueue to sent)\n\n"
+            "**OTP behind a verification backlog** (one worker, null://, enqueue to sent; its"
+            " parts as p50 / p99 ms: the producer's own transaction, from the OTP's creation to"
+            " the claim that took it, and from that claim to its `sent` row)\n\n"
             + _table(
-                ["claim order", "backlog", "OTPs behind it", "p50 ms", "p99 ms", "max ms"],
+                [
+                    "claim order",
+                    "backlog",
+                    "OTPs behind it",
+                    "p50 ms",
+                    "p99 ms",
+                    "max ms",
+                    "producer's transaction",
+                    "to the claim",
+                    "claim to sent",
+                ],
                 [
                     [
                         "priorities" if r["priorities"] else "first in, first out",
@@ -251,6 +270,10 @@ def render(results: dict[str, Any]) -> str:
                         _num(r["p50_ms"], 1),
                         _num(r["p99_ms"], 1),
                         _num(r["max_ms"], 1),
+                        *(
+                            _pair(r.get(f"{part}_p50_ms"), r.get(f"{part}_p99_ms"))
+                            for part in ("producer_transaction", "to_claim", "claim_to_sent")
+                        ),
                     ]
                     for r in results["otp_backlog"]
                 ],

@@ -480,6 +480,17 @@ def otp_backlog_targets(rows: Sequence[Mapping[str, Any]]) -> list[Target]:
         value = None if p99 is None or row["error"] else float(p99) / 10.0
         fifo = next((r for r in rows if not r["priorities"]), None)
         yardstick = "" if fifo is None else f"; first in, first out: p99 {fifo['p99_ms']} ms"
+        parts = ", ".join(
+            f"{name} {row[key]} ms"
+            for name, key in (
+                ("the producer's transaction", "producer_transaction_p99_ms"),
+                ("to the claim", "to_claim_p99_ms"),
+                ("claim to sent", "claim_to_sent_p99_ms"),
+            )
+            if row.get(key) is not None
+        )
+        if parts:
+            yardstick += f"; parts at p99: {parts}"
         found.append(
             judged(
                 "otp-behind-backlog",

@@ -287,6 +287,17 @@ def test_the_otp_backlog_benchmark_times_the_otps_behind_the_backlog_both_ways(
 
     assert [r.priorities for r in found] == [True, False]
     assert all(r.sent == r.behind > 0 and not r.error for r in found), found
+    for result in found:
+        assert set(result.parts) == {"producer_transaction", "to_claim", "claim_to_sent"}
+        assert all(0 < p50 <= p99 for p50, p99 in result.parts.values()), result.parts
+        # Each OTP's latency is its wait for the claim and the claim's way to its send.
+        to_claim, claim_to_sent = result.parts["to_claim"], result.parts["claim_to_sent"]
+        assert result.max_ms is not None
+        assert max(to_claim[1], claim_to_sent[1]) <= result.max_ms
+        exported = result.as_dict()
+        assert exported["producer_transaction_p99_ms"] == round(
+            result.parts["producer_transaction"][1], 2
+        )
 
 
 def test_enqueue_writes_what_it_counts_in_every_case_the_batch_api_included(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.report import render
 from bench.systems import (
     LEASEBOX,
     PLAIN_LEASEBOX_SCHEMA,
@@ -454,3 +455,42 @@ def test_an_otp_behind_the_backlog_is_judged_with_priorities_and_named_against_f
     [void] = otp_backlog_targets([_otp(True, 5.0, "no OTP arrived while a tenth was left")])
     assert (met.status, missed.status, void.status) == (MET, MISSED, NOT_EVALUATED)
     assert "first in, first out: p99 4000.0 ms" in met.measured
+    assert "parts at p99" not in met.measured  # a run from before the parts were measured
+
+
+def test_an_otp_miss_names_the_parts_of_its_latency_at_p99() -> None:
+    row = {
+        **_otp(True, 12.0),
+        "producer_transaction_p99_ms": 6.1,
+        "to_claim_p99_ms": 8.3,
+        "claim_to_sent_p99_ms": 4.5,
+    }
+    [missed] = otp_backlog_targets([row])
+    assert missed.status == MISSED
+    assert (
+        "parts at p99: the producer's transaction 6.1 ms, to the claim 8.3 ms, "
+        "claim to sent 4.5 ms" in missed.measured
+    )
+
+
+def test_the_otp_table_shows_each_part_as_p50_and_p99_and_n_a_for_an_older_run() -> None:
+    measured = {
+        **_otp(True, 12.0),
+        "max_ms": 15.0,
+        "producer_transaction_p50_ms": 2.5,
+        "producer_transaction_p99_ms": 6.1,
+        "to_claim_p50_ms": 2.8,
+        "to_claim_p99_ms": 8.3,
+        "claim_to_sent_p50_ms": 2.4,
+        "claim_to_sent_p99_ms": 4.5,
+    }
+    older = {**_otp(False, 4000.0), "max_ms": 4100.0}
+    text = render({"otp_backlog": [measured, older]})
+    rows = [line for line in text.splitlines() if line.startswith("| priorities")]
+    assert rows == [
+        "| priorities | 100,000 | 180 | 3.0 | 12.0 | 15.0 | 2.5 / 6.1 | 2.8 / 8.3 | 2.4 / 4.5 |"
+    ]
+    assert (
+        "| first in, first out | 100,000 | 180 | 3.0 | 4,000.0 | 4,100.0 | n/a | n/a | n/a |"
+        in text
+    )
