@@ -3,7 +3,8 @@
 A producer pays for the receipt (an advisory lock, a lookup, the insert, the receipt upsert)
 on top of the outbox insert. This measures what that costs against a plain `INSERT` of the
 same row, from one connection: one transaction per send (an API request that sends one
-OTP), the same sends 100 to a transaction, and a batch path, `enqueue_many` (one call for
+OTP: on an autocommit connection, as the peers' calls run, and between a BEGIN and a COMMIT
+of its own), the same sends 100 to a transaction, and a batch path, `enqueue_many` (one call for
 100 messages, receipts included), against a plain multi-row `INSERT` of the same 100 rows.
 A leasebox without `enqueue_many` is reported as missing, not measured by something else.
 Building the `OutboxMessage`s is part of the API call, so it is inside the timing; the plain
@@ -45,7 +46,11 @@ from leasebox.producer.payload_crypto import default_cipher
 BATCH = 100
 
 
+# Each send its own transaction: one statement on an autocommit connection, as the peers'
+# calls run; and the same send between a BEGIN and a COMMIT of its own, as in an
+# application's transaction (two more round trips, which the application's own write shares).
 ONE = "one per transaction"
+WRAPPED = "one per BEGIN ... COMMIT"
 LOOP = f"{BATCH} per transaction"
 MANY = f"batch of {BATCH}, one call"
 PLAIN = "plain INSERT"
@@ -214,6 +219,7 @@ def _analysed(conn: psycopg.Connection[Any]) -> None:
 
 
 def _timed(dsn: str, send: Send, count: int, per_transaction: int) -> float:
+    """Sends between a BEGIN and a COMMIT, `per_transaction` at a time."""
     with psycopg.connect(dsn) as conn:
         _analysed(conn)
         for i in _warm_numbers():
@@ -224,6 +230,18 @@ def _timed(dsn: str, send: Send, count: int, per_transaction: int) -> float:
             with conn.transaction():
                 for i in numbers:
                     send(conn, i)
+        return time.perf_counter() - start
+
+
+def _timed_autocommit(dsn: str, send: Send, count: int) -> float:
+    """Sends on an autocommit connection: each one a transaction of its own."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _analysed(conn)
+        for i in _warm_numbers():
+            send(conn, i)
+        start = time.perf_counter()
+        for i in range(count):
+            send(conn, i)
         return time.perf_counter() - start
 
 
@@ -332,11 +350,22 @@ def _one_round(
                 method,
                 ONE,
                 single,
-                partial(_timed, send=send, count=single, per_transaction=1),
+                partial(_timed_autocommit, send=send, count=single),
                 single + warm_one,
             )
         )
     results += _peer_cases(server, peers, single, 1)
+    for method, send in ((PLAIN, _plain_insert), (LEASEBOX, _leasebox_enqueue)):
+        results.append(
+            _case(
+                server,
+                method,
+                WRAPPED,
+                single,
+                partial(_timed, send=send, count=single, per_transaction=1),
+                single + warm_one,
+            )
+        )
     for method, send in ((PLAIN, _plain_insert), (LEASEBOX, _leasebox_enqueue)):
         results.append(
             _case(

@@ -381,6 +381,7 @@ def enqueue_targets(enqueue: Sequence[Mapping[str, Any]]) -> list[Target]:
         ONE,
         PLAIN,
         PLAIN_MANY,
+        WRAPPED,
     )
 
     if not enqueue:
@@ -389,6 +390,7 @@ def enqueue_targets(enqueue: Sequence[Mapping[str, Any]]) -> list[Target]:
     for name, method, mode, yardstick in (
         ("enqueue-single", LEASEBOX, ONE, PLAIN),
         ("enqueue-batch", LEASEBOX_MANY, MANY, PLAIN_MANY),
+        ("enqueue-wrapped", LEASEBOX, WRAPPED, PLAIN),
         ("enqueue-loop", LEASEBOX, LOOP, PLAIN),
         ("enqueue-single-statement", LEASEBOX_STATEMENT, ONE, PLAIN),
         ("enqueue-batch-statements", LEASEBOX_MANY_STATEMENTS, MANY, PLAIN_MANY),

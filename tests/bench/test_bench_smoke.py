@@ -20,6 +20,7 @@ from bench.enqueue_rate import (
     MANY,
     ONE,
     PLAIN_MANY,
+    WRAPPED,
     batch_api,
     run_enqueue,
 )
@@ -306,11 +307,15 @@ def test_enqueue_writes_what_it_counts_in_every_case_the_batch_api_included(
     results = {(r.method, r.mode): r for r in run_enqueue(bench_server, 20, 200)}
 
     assert batch_api() is not None
-    assert len(results) == 8
+    assert len(results) == 10
     assert all(r.error == "" and r.rate > 0 for r in results.values())
     assert results[(LEASEBOX_MANY, MANY)].sends == 200
     assert results[(LEASEBOX_MANY_STATEMENTS, MANY)].sends == 200
     assert results[(LEASEBOX_STATEMENT, ONE)].sends == 20
+    assert {method for method, mode in results if mode == WRAPPED} == {
+        "plain INSERT",
+        "leasebox.enqueue + receipt",
+    }
 
 
 def test_enqueue_reports_a_missing_batch_api_as_missing(
@@ -323,7 +328,7 @@ def test_enqueue_reports_a_missing_batch_api_as_missing(
     missing = [r for r in results.values() if r.mode == MANY and r.method != PLAIN_MANY]
     assert [r.error for r in missing] == ["missing: leasebox has no enqueue_many"] * 2
     measured = [r for r in results.values() if r not in missing]
-    assert len(measured) == 6
+    assert len(measured) == 8
     assert all(r.error == "" and r.rate > 0 for r in measured)
 
 

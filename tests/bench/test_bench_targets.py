@@ -257,11 +257,13 @@ def _enqueue(method: str, mode: str, rate: float | None, error: str = "") -> dic
 
 def test_enqueue_against_a_plain_insert_is_reported_and_a_missing_batch_api_is_missing() -> None:
     from bench.enqueue_rate import LEASEBOX as LB
-    from bench.enqueue_rate import LEASEBOX_MANY, LOOP, MANY, ONE, PLAIN, PLAIN_MANY
+    from bench.enqueue_rate import LEASEBOX_MANY, LOOP, MANY, ONE, PLAIN, PLAIN_MANY, WRAPPED
 
     enqueue = [
         _enqueue(PLAIN, ONE, 1000.0),
         _enqueue(LB, ONE, 510.0),
+        _enqueue(PLAIN, WRAPPED, 400.0),
+        _enqueue(LB, WRAPPED, 300.0),
         _enqueue(PLAIN, LOOP, 2000.0),
         _enqueue(LB, LOOP, 1000.0),
         _enqueue(PLAIN_MANY, MANY, 30000.0),
@@ -274,6 +276,7 @@ def test_enqueue_against_a_plain_insert_is_reported_and_a_missing_batch_api_is_m
     assert found["enqueue-batch"].status == MISSING
     assert found["enqueue-batch-vs-peers"].status == MISSING
     assert found["enqueue-loop"].status == REPORTED
+    assert (found["enqueue-wrapped"].status, found["enqueue-wrapped"].ratio) == (REPORTED, 0.75)
 
 
 def _peers(single: tuple[float, float], batch: tuple[float, float]) -> list[dict[str, Any]]:

@@ -1,12 +1,14 @@
 """The producer API: write an outbox row in the caller's transaction, keyed by a receipt.
 
 `enqueue` never commits: the row becomes visible exactly when the caller's business change
-does, and disappears with it on rollback. A receipt keyed by `(scope, idempotency_key)`
-turns a retried request into the same logical send, and so does an explicit delivery key
-already in the outbox, as long as it sends the same message (another message under the same
-key is an `IdempotencyConflict`, never a silent merge). Concurrent requests with the same
-idempotency key or delivery key are serialised by transaction-scoped advisory locks, so
-exactly one row is written and every racer gets a receipt for it.
+does, and disappears with it on rollback. On a connection in autocommit mode (a request with
+no business change) each send is a transaction of its own (`leasebox.producer.plan`).
+A receipt keyed by `(scope, idempotency_key)` turns a retried request into the same logical
+send, and so does an explicit delivery key already in the outbox, as long as it sends the
+same message (another message under the same key is an `IdempotencyConflict`, never a
+silent merge). Concurrent requests with the same idempotency key or delivery key are
+serialised by transaction-scoped advisory locks, so exactly one row is written and every
+racer gets a receipt for it.
 
 The sync and async entry points share one step-by-step plan (`_plan`, run by
 `leasebox.producer.plan`), so the logic exists once.
@@ -159,7 +161,7 @@ def _plan(
         "replacement_key": message.replacement_key,
         "trace_context": carried_trace_context(),
     }
-    row = yield one("enqueue", write)
+    row = yield one("enqueue", write, final=True)
     if row is None:
         # Under the delivery-key lock the statement sees every row its ON CONFLICT waited
         # for; only a row written concurrently without the lock (by hand) can hide from it.
@@ -252,6 +254,9 @@ def enqueue(
     policy: RecipientPolicy | None = None,
 ) -> Receipt:
     """Write `message` to the outbox in the caller's open transaction; never commits.
+
+    On a connection in autocommit mode the send commits before this returns, in one
+    statement or, with a guard or a suppression check, in a transaction of its own.
 
     With an `idempotency_key`, the same `(scope, key)` returns the first outbox id with
     `reused=True`, and a different request under the same key raises `IdempotencyConflict`.
