@@ -86,6 +86,13 @@ def _first_row(result: Any) -> Row:
     return dict(found) if found is not None else None
 
 
+def _autocommit(pooled: Any) -> bool:
+    """Whether the DBAPI connection under SQLAlchemy's commits every statement (the
+    `AUTOCOMMIT` isolation level): psycopg's connection and SQLAlchemy's adapters of the
+    async drivers all say so in `autocommit`."""
+    return bool(getattr(pooled.dbapi_connection, "autocommit", False))
+
+
 def _connection(target: SyncTarget) -> Connection:
     if isinstance(target, Session):
         return target.connection()
@@ -126,7 +133,10 @@ def enqueue(
     """`leasebox.enqueue` on a SQLAlchemy `Session` or `Connection`; never commits.
 
     The row is written on the session's connection inside its current transaction (begun
-    now if none is), so it commits and rolls back with the caller's change.
+    now if none is), so it commits and rolls back with the caller's change. On a connection
+    in `AUTOCOMMIT` a plain enqueue commits by itself; one with a `guard` or
+    `check_suppression`, whose statements must share a transaction, is refused with a
+    `ConfigurationError` before any of them runs.
     """
     if policy is not None:
         policy.check(message.recipient)
@@ -146,7 +156,7 @@ def enqueue(
     def execute(name: str, params: dict[str, Any]) -> Row:
         return _first_row(conn.execute(statement(name, params, schema)))
 
-    return drive(plan, execute)
+    return drive(plan, execute, autocommit=_autocommit(conn.connection))
 
 
 async def enqueue_async(
@@ -183,4 +193,5 @@ async def enqueue_async(
     async def execute(name: str, params: dict[str, Any]) -> Row:
         return _first_row(await conn.execute(statement(name, params, schema)))
 
-    return await drive_async(plan, execute)
+    autocommit = _autocommit(await conn.get_raw_connection())
+    return await drive_async(plan, execute, autocommit=autocommit)

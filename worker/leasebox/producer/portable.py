@@ -8,6 +8,11 @@ query with its schema quoted (the quoting needs no connection), and `named_binds
 its parameters into SQLAlchemy's `:name` form, which SQLAlchemy then compiles into whatever
 paramstyle the engine's driver speaks. `drive` and `drive_async` feed each statement's
 first row back into the plan, so every decision stays in the plan itself.
+
+A plan of several steps holds its key's lock from the first to the last, so it needs a
+transaction; on a connection in autocommit mode, which an adapter cannot open one on through
+its ORM, such a plan is refused before its first statement. A plan of one final step is one
+statement, atomic by itself, and runs there as anywhere.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from functools import cache
 from typing import Any, TypeVar
 
 from leasebox.db.queries import query
-from leasebox.producer.plan import Plan, Row
+from leasebox.errors import ConfigurationError
+from leasebox.producer.plan import Plan, Row, Step
 
 T = TypeVar("T")
 # Executes one named statement with its parameters; returns its first row by column name.
@@ -58,10 +64,24 @@ def named_binds(name: str, schema: str) -> tuple[str, frozenset[str]]:
     return translated.replace("%%", "%"), names
 
 
-def drive(plan: Plan[T], execute: Execute) -> T:
-    """Run `plan`, executing each statement of each step in order; return its result."""
+def _check_transaction(first: Step, autocommit: bool) -> None:
+    if autocommit and not first.final:
+        raise ConfigurationError(
+            "this enqueue runs several statements (an abuse guard's counts or a suppression "
+            "check) that must share one transaction, and the connection is in AUTOCOMMIT: "
+            "enqueue on a connection that opens transactions (SQLAlchemy's default), or "
+            "without guard= and check_suppression="
+        )
+
+
+def drive(plan: Plan[T], execute: Execute, *, autocommit: bool = False) -> T:
+    """Run `plan`, executing each statement of each step in order; return its result.
+
+    `autocommit`: the connection commits every statement (a plan of several steps is refused).
+    """
     try:
         step = next(plan)
+        _check_transaction(step, autocommit)
         while True:
             row: Row = None
             for name, params in step.queries:
@@ -72,10 +92,11 @@ def drive(plan: Plan[T], execute: Execute) -> T:
         return result
 
 
-async def drive_async(plan: Plan[T], execute: ExecuteAsync) -> T:
+async def drive_async(plan: Plan[T], execute: ExecuteAsync, *, autocommit: bool = False) -> T:
     """`drive` for a driver that is awaited."""
     try:
         step = next(plan)
+        _check_transaction(step, autocommit)
         while True:
             row: Row = None
             for name, params in step.queries:
