@@ -2,12 +2,15 @@
 
 Two databases on the same server: one with an empty history, one with N sent rows retained
 (10,000,000 by default), written by one set-based `generate_series` statement per million
-rows and spread evenly over the last ten days. In rounds that alternate between the two
-(so a burst of load hits both alike), each gets the same batch of ready rows, then:
+rows and spread evenly over the last ten days. In each round both get the same batch of
+ready rows, then:
 
 - the claim (leasebox's own `claim`, 100 rows, rolled back each time so that every
-  measurement sees the same table) and the backlog query (`fetch_backlog`) are timed;
-- a real `leasebox worker --drain` empties the batch, timed like the drain benchmark (the
+  measurement sees the same table) and the backlog query (`fetch_backlog`) are timed, the
+  two databases taking turns measurement by measurement, so that the load of the shared
+  machine, which drifts over seconds, weighs on both alike (timed one database after the
+  other, the claim's ratio ranged from 0.76 to 1.35 over ten full runs);
+- a real `leasebox worker --drain` empties each batch, timed like the drain benchmark (the
   empty-queue start-up measured on the *empty* database is taken out of both, so a start-up
   that grows with history shows) and checked exactly-once.
 
@@ -18,11 +21,13 @@ Last, retention drops the oldest day of the retained history through leasebox's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,54 +112,69 @@ def seed_history(dsn: str, rows: int, days: int = HISTORY_DAYS) -> float:
     return time.perf_counter() - start
 
 
-def time_queries(dsn: str, repeats: int) -> tuple[list[float], list[float]]:
-    """Milliseconds of each claim (rolled back) and each backlog query."""
+def time_queries(dsns: Sequence[str], repeats: int) -> list[tuple[list[float], list[float]]]:
+    """Milliseconds of each claim (rolled back) and each backlog query, per database in
+    `dsns`; the databases take turns, one measurement each."""
 
-    async def claims() -> list[float]:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-
-            async def claim_once() -> None:
-                rows = await claim(
-                    conn, kinds=["otp"], limit=CLAIM_BATCH, lease_seconds=45.0, worker_id="bench"
-                )
-                if len(rows) != CLAIM_BATCH:
-                    raise RuntimeError(f"claim found {len(rows)} rows, not {CLAIM_BATCH}")
-                await conn.rollback()
-
-            return await _async_timings(claim_once, repeats)
+    async def claims() -> list[list[float]]:
+        async with contextlib.AsyncExitStack() as stack:
+            conns = [
+                await stack.enter_async_context(await psycopg.AsyncConnection.connect(dsn))
+                for dsn in dsns
+            ]
+            return await take_turns_async([partial(_claim_once, conn) for conn in conns], repeats)
 
     claimed = asyncio.run(claims())
-    with psycopg.connect(dsn, options=GENERIC_PLANS) as conn:  # as the operator's pool
-
-        def backlog_once() -> None:
-            fetch_backlog(conn, ["otp"])
-            conn.rollback()
-
-        backlogs = _sync_timings(backlog_once, repeats)
-    return claimed, backlogs
+    with contextlib.ExitStack() as stack:
+        conns = [  # as the operator's pool
+            stack.enter_context(psycopg.connect(dsn, options=GENERIC_PLANS)) for dsn in dsns
+        ]
+        backlogs = take_turns([partial(_backlog_once, conn) for conn in conns], repeats)
+    return list(zip(claimed, backlogs, strict=True))
 
 
-async def _async_timings(
-    action: Callable[[], Coroutine[Any, Any, None]], repeats: int
-) -> list[float]:
+async def _claim_once(conn: psycopg.AsyncConnection[Any]) -> None:
+    rows = await claim(
+        conn, kinds=["otp"], limit=CLAIM_BATCH, lease_seconds=45.0, worker_id="bench"
+    )
+    if len(rows) != CLAIM_BATCH:
+        raise RuntimeError(f"claim found {len(rows)} rows, not {CLAIM_BATCH}")
+    await conn.rollback()
+
+
+def _backlog_once(conn: psycopg.Connection[Any]) -> None:
+    fetch_backlog(conn, ["otp"])
+    conn.rollback()
+
+
+async def take_turns_async(
+    actions: Sequence[Callable[[], Coroutine[Any, Any, None]]], repeats: int
+) -> list[list[float]]:
+    """Each action's milliseconds, `repeats` times, the actions taking turns (three of each
+    first, untimed, to warm their connections)."""
     for _ in range(3):
-        await action()
-    found = []
+        for action in actions:
+            await action()
+    found: list[list[float]] = [[] for _ in actions]
     for _ in range(repeats):
-        start = time.perf_counter()
-        await action()
-        found.append((time.perf_counter() - start) * 1000)
+        for action, times in zip(actions, found, strict=True):
+            start = time.perf_counter()
+            await action()
+            times.append((time.perf_counter() - start) * 1000)
     return found
 
 
-def _sync_timings(action: Callable[[], None], repeats: int) -> list[float]:
+def take_turns(actions: Sequence[Callable[[], None]], repeats: int) -> list[list[float]]:
+    """`take_turns_async` for actions that block."""
     for _ in range(3):
-        action()
-    found = []
+        for action in actions:
+            action()
+    found: list[list[float]] = [[] for _ in actions]
     for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        found.append((time.perf_counter() - start) * 1000)
+        for action, times in zip(actions, found, strict=True):
+            start = time.perf_counter()
+            action()
+            times.append((time.perf_counter() - start) * 1000)
     return found
 
 
@@ -217,14 +237,16 @@ def run_history(
             kept: ([], [], None),
         }
         for round_number in range(rounds):
+            first_ids = {dsn: _next_id(dsn) for dsn in (empty, kept)}
             for dsn in (empty, kept):
-                claims, backlogs, best = found[dsn]
-                first_id = _next_id(dsn)
                 seed_outbox(dsn, ready_rows, first=round_number * ready_rows)
                 settle(dsn)
-                more_claims, more_backlogs = time_queries(dsn, max(repeats // rounds, 1))
-                claims += more_claims
-                backlogs += more_backlogs
+            timed = time_queries((empty, kept), max(repeats // rounds, 1))
+            for dsn, (more_claims, more_backlogs) in zip((empty, kept), timed, strict=True):
+                found[dsn][0].extend(more_claims)
+                found[dsn][1].extend(more_backlogs)
+            for dsn in (empty, kept):
+                claims, backlogs, best = found[dsn]
                 drained = timed_drain(
                     system,
                     dsn,
@@ -232,7 +254,7 @@ def run_history(
                     1,
                     workdir,
                     idle,
-                    verify=verify_outbox_from(first_id),
+                    verify=verify_outbox_from(first_ids[dsn]),
                 )
                 if not drained.ok:
                     errors.append(f"drain: {drained.error or drained.accounting}")

@@ -4,8 +4,10 @@ its figures in place (never judged on speed: speed targets live in `bench/`)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,14 @@ from bench.enqueue_rate import (
     batch_api,
     run_enqueue,
 )
-from bench.history import prune_oldest_day, retention_error, run_history, seed_history
+from bench.history import (
+    prune_oldest_day,
+    retention_error,
+    run_history,
+    seed_history,
+    take_turns,
+    take_turns_async,
+)
 from bench.otp_semantics import run_backlog_latency, run_quota
 from bench.pgserver import BenchServer
 from bench.plain_worker import product_statements, without_history
@@ -228,6 +237,25 @@ def test_a_retention_run_that_removed_too_few_or_too_many_rows_is_an_error() -> 
     assert retention_error(100, 100) == ""
     assert "removed 99 messages" in retention_error(99, 100)
     assert "removed 101 messages" in retention_error(101, 100)
+
+
+def test_the_history_timings_take_turns_between_the_databases_after_warming_each() -> None:
+    calls: list[str] = []
+
+    def action(name: str) -> Callable[[], None]:
+        return lambda: calls.append(name)
+
+    async def awaited(name: str) -> None:
+        calls.append(name)
+
+    timed = take_turns([action("empty"), action("kept")], 2)
+    assert calls == ["empty", "kept"] * 5
+    assert [len(times) for times in timed] == [2, 2]
+
+    calls.clear()
+    timed = asyncio.run(take_turns_async([lambda: awaited("empty"), lambda: awaited("kept")], 2))
+    assert calls == ["empty", "kept"] * 5
+    assert all(t >= 0 for times in timed for t in times)
 
 
 @pytest.mark.slow
