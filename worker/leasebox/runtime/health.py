@@ -11,20 +11,25 @@ example whether secrets are encrypted), ready or not.
 one render at a time, and every scrape that arrives while one runs gets that render's
 answer. At most `MAX_WAITING_SCRAPES` wait for it; the others are answered 503 at once, so a
 flood of scrapes costs the worker one render at a time and never delays `/healthz`.
+
+Three GET routes do not need a web framework, and importing one (with its HTTP client, its
+TLS contexts and its URL machinery) was a quarter of every worker's start-up, paid by each
+pod a scale-up adds. The server here speaks just enough HTTP/1.1 for probes and scrapes
+(`leasebox.runtime.probe_http`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from leasebox.errors import ConfigurationError
 from leasebox.runtime.metrics import WorkerMetrics
+from leasebox.runtime.probe_http import Answer, ProbeHttpServer, Route
 
 log = logging.getLogger("leasebox.health")
 
@@ -64,72 +69,73 @@ class Exposition:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
+class HealthApp:
+    """The three routes, by path, and what to release when the server stops."""
+
+    def __init__(self, routes: Mapping[str, Route], close: Callable[[], None]) -> None:
+        self.routes = routes
+        self.close = close
+
+
 def build_app(
     metrics: WorkerMetrics,
     readiness: ReadinessCheck,
     liveness: Callable[[], str | None] = lambda: None,
     details: Callable[[], list[str]] = list,
-) -> web.Application:
+) -> HealthApp:
     """The three routes; `readiness()` and `liveness()` return None or a reason, and
     `details()` the lines `/readyz` adds under its verdict."""
 
     exposition = Exposition(metrics)
 
-    async def metrics_route(_: web.Request) -> web.Response:
+    async def metrics_route() -> Answer:
         body = await exposition.text()
         if body is None:
-            return web.Response(status=503, text="too many scrapes at once; try again\n")
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+            return Answer(503, b"too many scrapes at once; try again\n")
+        return Answer(200, body, CONTENT_TYPE_LATEST)
 
-    async def stop_rendering(_: web.Application) -> None:
-        exposition.close()
-
-    async def healthz(_: web.Request) -> web.Response:
+    async def healthz() -> Answer:
         problem = liveness()
         if problem:
-            return web.Response(status=503, text=f"unhealthy: {problem}\n")
-        return web.Response(text="ok\n")
+            return Answer.text(503, f"unhealthy: {problem}\n")
+        return Answer.text(200, "ok\n")
 
-    async def readyz(_: web.Request) -> web.Response:
+    async def readyz() -> Answer:
         try:
             problem = await readiness()
         except Exception as exc:  # a failing check is an answer, not a crash
             problem = f"readiness check failed ({type(exc).__name__})"
         extra = "".join(f"{line}\n" for line in details())
         if problem:
-            return web.Response(status=503, text=f"not ready: {problem}\n{extra}")
-        return web.Response(text=f"ready\n{extra}")
+            return Answer.text(503, f"not ready: {problem}\n{extra}")
+        return Answer.text(200, f"ready\n{extra}")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics_route)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.on_cleanup.append(stop_rendering)
-    return app
+    routes = {"/metrics": metrics_route, "/healthz": healthz, "/readyz": readyz}
+    return HealthApp(routes, exposition.close)
 
 
 class HealthServer:
     """Serves `build_app` on `host:port` until `stop()`; port 0 picks a free port."""
 
-    def __init__(self, app: web.Application, host: str = "0.0.0.0", port: int = 0) -> None:  # noqa: S104
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    def __init__(self, app: HealthApp, host: str = "0.0.0.0", port: int = 0) -> None:  # noqa: S104
+        self._app = app
+        self._server = ProbeHttpServer(app.routes)
         self._host = host
         self._port = port
         self.port: int | None = None
 
     async def start(self) -> None:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
         try:
-            await site.start()
+            self.port = await self._server.start(self._host, self._port)
         except OSError as exc:
-            await self._runner.cleanup()
+            self._app.close()
             raise ConfigurationError(
                 f"cannot serve metrics on port {self._port}: {exc.strerror or exc}"
             ) from None
-        addresses = self._runner.addresses
-        self.port = int(addresses[0][1]) if addresses else self._port
         log.info("serving /metrics, /healthz and /readyz", extra={"port": self.port})
 
     async def stop(self) -> None:
-        await self._runner.cleanup()
+        try:
+            await self._server.stop()
+        finally:
+            self._app.close()
