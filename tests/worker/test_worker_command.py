@@ -6,6 +6,7 @@ changed state.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -20,7 +21,9 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from leasebox.cli.main import main
+from leasebox.cli.worker import GC_THRESHOLDS
 from leasebox.producer.payload_crypto import KEYS_VARIABLE, generate_key
+from leasebox.runtime import process
 from leasebox.testing.ports import free_port
 from support.mail_servers import RecordingHandler, SmtpServer, serve
 from support.waiting import running, wait_for
@@ -237,6 +240,24 @@ def test_a_worker_process_drains_and_exits_0(
     assert process.returncode == 0, err
     assert statuses(db_conn) == {"sent": 20}
     assert out.count("leasebox log provider: accepted") == 20
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_worker_collects_garbage_seldom_while_it_runs_and_restores_the_setting_after(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    async def serve(_: process.ProcessConfig) -> int:
+        seen.append(gc.get_threshold())
+        return 0
+
+    monkeypatch.setattr(process, "serve", serve)
+    before = gc.get_threshold()
+    code, _ = run_cli(["--dsn", "postgresql://nowhere/x", "--provider", "null://"], capsys)
+    assert (code, seen) == (0, [GC_THRESHOLDS])
+    assert GC_THRESHOLDS[0] > before[0]
+    assert gc.get_threshold() == before
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ process's configuration.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +17,13 @@ from typing import Any
 from leasebox import config as options
 from leasebox.cli.common import add_database_options, database
 from leasebox.config import OPTIONS, Style, Target
+
+# The worker's young collections come every 10,000 allocations instead of 700. A drain
+# allocates in bursts (a claim's rows, their emails, their completions) that refcounting
+# frees a moment later, but each burst crossed the default threshold, and collecting took
+# about 8 % of a draining worker's CPU (0.12 to 0.14 s of a 100,000-row drain, 300
+# collections). At 10,000 a 100,000-row drain collects once.
+GC_THRESHOLDS = (10_000, 20, 20)
 
 
 def register(subparsers: Any) -> None:
@@ -126,7 +134,10 @@ def run_worker(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
+    previous = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         return run(lambda: serve(config), config.event_loop)
     finally:
+        gc.set_threshold(*previous)
         remove_logging(handler)
