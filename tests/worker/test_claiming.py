@@ -325,3 +325,17 @@ async def test_the_sweep_dead_letters_only_otps_past_their_expiry(
     assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "expired", 0)
     assert statuses(db_conn) == {"dead": 1, "pending": 2}
     assert {row_of(db_conn, i)["status"] for i in (lasting, later)} == {"pending"}
+
+
+async def test_the_claim_and_mark_sent_are_prepared_at_their_first_run_on_a_connection(
+    db_aconn: psycopg.AsyncConnection, db_insert: Insert, db_now: datetime
+) -> None:
+    async def prepared() -> set[str]:
+        cur = await db_aconn.execute("SELECT statement FROM pg_prepared_statements")
+        return {str(text).split("*/")[0] + "*/" for (text,) in await cur.fetchall()}
+
+    db_insert()
+    [claimed] = await _claim(db_aconn, db_now)
+    assert await prepared() == {"/* leasebox claim */"}
+    assert await settling.mark_sent(db_aconn, [Sent(claimed.lease, None)], now=db_now)
+    assert await prepared() == {"/* leasebox claim */", "/* leasebox mark_sent */"}

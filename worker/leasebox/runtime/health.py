@@ -24,6 +24,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -69,12 +70,12 @@ class Exposition:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
+@dataclass(frozen=True)
 class HealthApp:
     """The three routes, by path, and what to release when the server stops."""
 
-    def __init__(self, routes: Mapping[str, Route], close: Callable[[], None]) -> None:
-        self.routes = routes
-        self.close = close
+    routes: Mapping[str, Route]
+    close: Callable[[], None]
 
 
 def build_app(

@@ -105,9 +105,9 @@ class ProbeHttpServer:
         if task is not None:
             self._connections.add(task)
         try:
-            method, answer = await self._answer(reader)
+            answer, with_body = await self._answer(reader)
             if answer is not None:
-                writer.write(answer.encode(with_body=method != "HEAD"))
+                writer.write(answer.encode(with_body=with_body))
                 async with asyncio.timeout(self._write_timeout):
                     await writer.drain()
         except (TimeoutError, ConnectionError):
@@ -123,24 +123,26 @@ class ProbeHttpServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[str, Answer | None]:
-        """The request's method and its answer (None: say nothing, just close)."""
+    async def _answer(self, reader: asyncio.StreamReader) -> tuple[Answer | None, bool]:
+        """The answer to the request (None: say nothing, just close), and whether its body
+        goes with it (not for a HEAD)."""
         try:
             async with asyncio.timeout(self._head_timeout):
                 head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
-            return "GET", Answer.text(431, "request head too large\n")
+            return Answer.text(431, "request head too large\n"), True
         except asyncio.IncompleteReadError:
-            return "GET", None  # closed before a whole head
+            return None, False  # closed before a whole head
         parsed = request_line(head)
         if isinstance(parsed, Answer):
-            return "GET", parsed
+            return parsed, True
         method, path = parsed
+        with_body = method != "HEAD"
         route = self._routes.get(path)
         if route is None:
-            return method, Answer.text(404, "not found\n")
+            return Answer.text(404, "not found\n"), with_body
         try:
-            return method, await route()
+            return await route(), with_body
         except Exception:  # a failing route is a 500, never a dead server
             log.exception("the %s route failed", path)
-            return method, Answer.text(500, "internal error\n")
+            return Answer.text(500, "internal error\n"), with_body

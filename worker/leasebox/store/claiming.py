@@ -204,7 +204,10 @@ async def claim(
     # In the binary format: each row's timestamps and numbers load without parsing text.
     statement = query_bytes("claim" if content else "claim_without_content", schema)
     async with conn.cursor(row_factory=_claimed_rows, binary=True) as cur:
-        await cur.execute(statement, params)
+        # Prepared at its first run on a connection, not its sixth (psycopg's default): run
+        # unprepared, the claim is parsed and planned every time, 2 to 3 ms more than its
+        # prepared run, and each connection a draining worker opens paid that five times.
+        await cur.execute(statement, params, prepare=True)
         return Claimed(await cur.fetchall())
 
 

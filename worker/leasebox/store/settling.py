@@ -98,7 +98,8 @@ async def mark_sent(
         "worker_id": worker_id,
     }
     async with conn.cursor() as cur:
-        await cur.execute(query_bytes("mark_sent", schema), params)
+        # Prepared at its first run, as the claim is (`claiming.claim`).
+        await cur.execute(query_bytes("mark_sent", schema), params, prepare=True)
         rows = await cur.fetchall()
     return dict(rows)
 
