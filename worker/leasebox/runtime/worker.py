@@ -4,20 +4,17 @@ One asyncio task claims: whenever fewer than `capacity` rows are held unsent it 
 a batch in one committed statement and hands the rows to `concurrency` sender tasks
 (`dispatching`). A row whose outcome is known waits only for its settling statement, so it
 does not count, up to a batch of them: the next batch is claimed while the last is settled.
-While claims come back full (a backlog), a second claimer sends the next claim before the
-last one has returned, so that the database runs a claim while the worker hands out the
-rows of another (see `_claim_ahead`). When a claim comes back short, the queue is drained,
-and the claimer waits for a NOTIFY or the poll interval. Senders render, send, and hand the
-outcome to the `CompletionBatcher`, which settles rows in batches conditional on their lease
-tokens. A claim settles the rows whose address is on the suppression list itself
-(`suppressed`, counted here); a provider that refuses an address as one it suppresses ends
-the message `suppressed` too. Beside them run a lease keeper (extends leases past half their
-time), a sweeper (reclaims other workers' expired leases, dead-letters expired OTPs) and a
-NOTIFY listener.
+When a claim comes back short, the queue is drained, and the claimer waits for a NOTIFY or
+the poll interval. Senders render, send, and hand the outcome to the `CompletionBatcher`,
+which settles rows in batches conditional on their lease tokens. A claim settles the rows
+whose address is on the suppression list itself (`suppressed`, counted here); a provider
+that refuses an address as one it suppresses ends the message `suppressed` too. Beside them
+run a lease keeper (extends leases past half their time), a sweeper (reclaims other workers'
+expired leases, dead-letters expired OTPs) and a NOTIFY listener.
 
-Stopping (SIGTERM): the claimers stop, a claim in flight landing first; rows still queued
-are released at once for other workers; running sends get `grace_seconds` to finish, after
-which they are cancelled and released too; the outcomes are written; then `run` returns.
+Stopping (SIGTERM): the claimer stops; rows still queued are released at once for other
+workers; running sends get `grace_seconds` to finish, after which they are cancelled and
+released too; the outcomes are written; then `run` returns.
 
 Time: `clock()` gives the `now` passed to SQL (None = the database's clock); tests inject a
 datetime so that leases, backoff and expiry move without sleeping.
@@ -186,10 +183,6 @@ class Worker:
         self._ready: ReadyRows[Held] = ReadyRows()
         self._room = asyncio.Event()
         self._wake = asyncio.Event()
-        # Set while claims come back full; the second claimer claims only then. `_claiming`:
-        # the rows the claims in flight may bring, which count as held.
-        self._backlog = asyncio.Event()
-        self._claiming = 0
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
         # The sweeper's and a drain's sweeps run one at a time: a sweep skips the rows another
@@ -331,14 +324,9 @@ class Worker:
                 self.quota.burst,
                 self.quota.account,
             )
-        ahead = self._spawn(self._claim_ahead(), "claimer") if self.quota is None else None
         try:
             await self._claim_loop()
         finally:
-            if ahead is not None:
-                # Its claim in flight, if any, must land before the rows are released.
-                self._stop.set()
-                await ahead
             await self._shut_down(senders, helpers, flusher)
         log.info("worker stopped", extra={"worker_id": s.worker_id})
 
@@ -421,12 +409,13 @@ class Worker:
                 continue
             # Rows whose outcome is known wait only for its statement: they hold no send slot,
             # so the next batch is claimed while the last one is settled, up to a batch more.
-            room = self._room_to_claim()
+            held = len(self._held)
+            room = min(s.capacity - held + self._settling, s.capacity + s.batch_size - held)
             if self.quota is not None:
                 # Under a quota, claim no more than the tokens a reservation brings: the
                 # rest waits in the queue, where a more urgent message can pass it.
                 room = min(room, self.quota.room() - len(self._ready))
-            if room <= 0 or (backlog and room < least and (self._held or self._claiming)):
+            if room <= 0 or (backlog and room < least and self._held):
                 self._room.clear()
                 await self._until(self._room, None)
                 continue
@@ -448,7 +437,7 @@ class Worker:
             if backlog:
                 continue
             if s.drain:
-                if not self._held and not claimed and not self._claiming:
+                if not self._held and not claimed:
                     if claimed.suppressed:
                         continue  # it took rows, and settled them: there may be more
                     if swept:
@@ -469,63 +458,7 @@ class Worker:
                 continue
             await self._until(self._wake, s.poll_interval)
 
-    def _room_to_claim(self) -> int:
-        """How many rows a claim may take now: room for `capacity` unsent rows, those settling
-        not counted up to a batch, less what the claims in flight may bring."""
-        s = self.settings
-        held = len(self._held)
-        room = min(s.capacity - held + self._settling, s.capacity + s.batch_size - held)
-        return room - self._claiming
-
-    async def _claim_ahead(self) -> None:
-        """The second claimer: while a backlog lasts, it claims beside the first, so that one
-        claim runs on the database while the worker hands out the rows of the other.
-
-        A claim is one statement whose rows the worker then decodes and dispatches; claiming
-        one batch at a time, the database and the worker took turns, and a lone worker drained
-        a backlog at the pace of that chain. The two claims never take the same row (each
-        skips the rows the other has locked), and together they never hold more than one
-        claimer would: each counts the other's rows in flight. It never polls: an idle worker
-        still sends one claim per poll interval. Not under a quota, whose tokens a claim
-        reserves only when it returns. After a database error it waits for the first claimer,
-        which retries, to find a backlog again.
-        """
-        s = self.settings
-        least = max(1, s.batch_size // 2)
-        while not self._stop.is_set():
-            if KEYS in self._blocked:  # the first claimer claims nothing either
-                await self._until(self._stop, s.poll_interval)
-                continue
-            if not self._backlog.is_set():
-                await self._until(self._backlog, None)
-                continue
-            room = self._room_to_claim()
-            if room < least:
-                self._room.clear()
-                await self._until(self._room, None)
-                continue
-            try:
-                await self._claim(min(room, s.batch_size))
-            except DATABASE_ERRORS as exc:
-                self._database_failed("claim", exc, 1)
-                self._backlog.clear()
-
     async def _claim(self, limit: int) -> Claimed:
-        """Claim up to `limit` rows and hand them to the senders; whether the claim came back
-        full sets or clears the backlog."""
-        self._claiming += limit
-        try:
-            claimed = await self._claim_rows(limit)
-        finally:
-            self._claiming -= limit
-            self._room.set()
-        if claimed.chosen == limit:
-            self._backlog.set()
-        else:
-            self._backlog.clear()
-        return claimed
-
-    async def _claim_rows(self, limit: int) -> Claimed:
         s = self.settings
         started = time.monotonic()
         # While full batches come back, each claim reads on from where the last one ended;
@@ -601,11 +534,7 @@ class Worker:
         self._cursor_claims += 1
         last = {message.kind: message for message in rows}  # the rows are in index order
         for kind, message in last.items():
-            cursor = Cursor(message.available_at, message.id)
-            before = self._cursors.get(kind)
-            # Two claims in flight may return out of order: a cursor only moves on.
-            if before is None or cursor > before:
-                self._cursors[kind] = cursor
+            self._cursors[kind] = Cursor(message.available_at, message.id)
 
     async def _until(self, event: asyncio.Event, at_most: float | None) -> None:
         """Wait for `event` or a stop, at most `at_most` seconds (None: no limit)."""
