@@ -1,18 +1,32 @@
 """What several commands share, defined once: the database settings (read one way by every
-command), kind lists, durations, positive counts."""
+command), kind lists, durations, positive counts, garbage-collection thresholds."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from leasebox import config
 from leasebox.db.queries import DEFAULT_SCHEMA
 from leasebox.errors import ConfigurationError
+
+
+@contextlib.contextmanager
+def gc_thresholds(thresholds: tuple[int, int, int]) -> Iterator[None]:
+    """Python's garbage-collection thresholds for the body of the block; the previous ones
+    after it (a command run in-process leaves the interpreter as it found it)."""
+    previous = gc.get_threshold()
+    gc.set_threshold(*thresholds)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 from typing import Any
 
+from leasebox.cli.common import gc_thresholds
 from leasebox.config import AUTO, EVENT_LOOP, EVENT_LOOPS
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
@@ -155,9 +155,8 @@ def run_operator(args: argparse.Namespace) -> int:
 
     settings = operator_settings(args)
     configure_logging(settings.log_format, verbose=settings.verbose)
-    gc.set_threshold(*GC_THRESHOLDS)
     # kopf's own CLI runs on uvloop when it is installed; `kopf.run` does not choose.
-    with contextlib.suppress(asyncio.CancelledError):
+    with gc_thresholds(GC_THRESHOLDS), contextlib.suppress(asyncio.CancelledError):
         run(
             lambda: kopf.operator(
                 standalone=settings.standalone,

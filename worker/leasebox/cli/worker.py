@@ -9,13 +9,12 @@ process's configuration.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from leasebox import config as options
-from leasebox.cli.common import add_database_options, database
+from leasebox.cli.common import add_database_options, database, gc_thresholds
 from leasebox.config import OPTIONS, Style, Target
 
 # The worker's young collections come every 10,000 allocations instead of 700. A drain
@@ -134,10 +133,8 @@ def run_worker(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    previous = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
     try:
-        return run(lambda: serve(config), config.event_loop)
+        with gc_thresholds(GC_THRESHOLDS):
+            return run(lambda: serve(config), config.event_loop)
     finally:
-        gc.set_threshold(*previous)
         remove_logging(handler)
