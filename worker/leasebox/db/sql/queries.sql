@@ -424,31 +424,18 @@ WITH candidates AS (
     ORDER BY (r.aged AND r.nth <= %(aged_limit)s) DESC, r.priority DESC, r.available_at, r.id
     LIMIT %(limit)s
 ),
-contents AS MATERIALIZED (
-    -- Each chosen row's message, read once for the suppression list and the claim's answer:
-    -- every read of the outbox in a statement opens all its day partitions when the
-    -- statement starts (the day of each row is known only as it runs), so a second read
-    -- cost a claim as much again, more with each day that retention keeps.
-    -- Each a probe by key (`LIMIT 1` keeps the lookup inside the batch's loop): a join on
-    -- the key would let a planner that misjudges the day's partition (never analysed after
-    -- a burst) read all of it for a batch of 100.
-    SELECT c.id, m.scope, m.recipient_key, m.recipient, m.template, m.data, m.secrets,
-           m.trace_context
+barred AS MATERIALIZED (
+    SELECT c.id, s.reason, 'suppression_list' AS source
     FROM candidates AS c
-    LEFT JOIN LATERAL (
-        SELECT o.scope, o.recipient_key, o.recipient, o.template, o.data, o.secrets,
-               o.trace_context
-        FROM {schema}.outbox AS o
+    -- Each a probe by key (LIMIT 1 keeps them inside the candidates' loop).
+    CROSS JOIN LATERAL (
+        SELECT o.scope, o.recipient_key FROM {schema}.outbox AS o
         WHERE o.id = c.id AND o.bucket = c.bucket
         LIMIT 1
-    ) AS m ON true
-),
-barred AS MATERIALIZED (
-    SELECT m.id, s.reason, 'suppression_list' AS source
-    FROM contents AS m
+    ) AS o
     CROSS JOIN LATERAL (
         SELECT x.reason FROM {schema}.suppressions AS x
-        WHERE x.scope = coalesce(m.scope, 'default') AND x.recipient_key = m.recipient_key
+        WHERE x.scope = coalesce(o.scope, 'default') AND x.recipient_key = o.recipient_key
           AND (x.expires_at IS NULL OR x.expires_at > coalesce(%(now)s::timestamptz, now()))
         LIMIT 1
     ) AS s
@@ -498,13 +485,24 @@ logged AS (
 -- include: claimed_rows
 -- RETURNING has no order of its own: hand the rows out oldest first, as they were chosen. A
 -- message whose outbox row is missing comes back without content (the worker dead-letters it).
+-- Each message is read by its key (`LIMIT 1` keeps the lookup inside the batch's loop): a join
+-- on the key would let a planner that misjudges the day's partition (never analysed after a
+-- burst) read all of it for a batch of 100.
+-- The suppression check (`barred`) reads the outbox again. Each read sets up every day
+-- partition at every claim (about 0.04 ms a partition), but one `contents` step that both
+-- read crashed PostgreSQL 18.6 under concurrent claims (in its run-time partition pruning),
+-- so the two reads stay apart.
 -- The rows found suppressed follow, with their reason and no lease, for the worker to count.
 SELECT c.id, c.kind, c.aggregate_id, o.recipient, o.template, o.data, o.secrets,
        c.delivery_key, c.attempts, c.max_attempts, c.expires_at, c.lease_token::text,
        c.lease_expires_at, c.created_at, coalesce(%(now)s::timestamptz, now()) AS claimed_at,
        c.available_at, c.replacement_key, o.trace_context, NULL::text AS suppression
 FROM claimed AS c
-JOIN contents AS o ON o.id = c.id
+LEFT JOIN LATERAL (
+    SELECT m.recipient, m.template, m.data, m.secrets, m.trace_context FROM {schema}.outbox AS m
+    WHERE m.id = c.id AND m.bucket = c.bucket
+    LIMIT 1
+) AS o ON true
 UNION ALL
 -- include: suppressed_rows
 ORDER BY suppression NULLS FIRST, available_at, id;
