@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from leasebox.delivery.providers.base import derived_message_id
+from leasebox.store.suppressions import Entry, add_suppressions
 from support.history import Event, check_histories, events, histories_at
 from support.reliability_rig import (
     SHORT_LEASE,
@@ -83,6 +84,10 @@ def test_killed_workers_duplicate_only_what_they_held_with_the_same_message_id(
 ) -> None:
     sink = smtp_server.sink
     keys = seed(db_dsn, 5000)
+    # A suppression list that bars none of them: every claim runs its suppression check too,
+    # racing the other workers' claims.
+    with psycopg.connect(db_dsn) as conn:
+        add_suppressions(conn, [Entry("nobody@example.org", reason="manual")])
     for _ in range(4):
         worker_processes.start(*POOLED, provider_options=PROVIDER_POOL, lease=SHORT_LEASE)
     chooser = random.Random(3)
